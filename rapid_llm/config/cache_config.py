@@ -1,0 +1,38 @@
+"""CacheConfig: how the paged KV cache is laid out and how much memory it may take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rapid_llm.config.dtypes import dtype_from_name
+
+DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # what vLLM's CPU backend reserves by default
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """block_size tokens per KV block; the pool is sized by `num_blocks` if given, else by
+    `kv_cache_memory_bytes`, else (CUDA) `gpu_memory_utilization` of the device or (CPU) 4 GiB."""
+
+    block_size: int = 16
+    cache_dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None
+    num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"--block-size must be in [1, 1024], got {self.block_size}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_bytes} bytes")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be at least 1, got {self.num_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.cache_dtype != "auto":
+            dtype_from_name(self.cache_dtype, "--kv-cache-dtype")
+
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")

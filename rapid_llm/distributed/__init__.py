@@ -1,0 +1,11 @@
+"""Tensor-parallel group facts and collectives; identities when running on one rank."""
+
+from rapid_llm.distributed.parallel_state import (
+    get_tp_rank,
+    get_tp_size,
+    init_tensor_parallel,
+    tp_all_gather,
+    tp_all_reduce,
+)
+
+__all__ = ["get_tp_rank", "get_tp_size", "init_tensor_parallel", "tp_all_gather", "tp_all_reduce"]

@@ -1,0 +1,1 @@
+"""Shared building blocks that model files are assembled from."""

@@ -1,0 +1,119 @@
+"""Linear layers that own their weight layout and how checkpoint tensors load into it.
+
+Column-parallel layers shard the output features over tensor-parallel ranks, row-parallel
+layers shard the input features and all-reduce. Merged layers (q/k/v, gate/up) hold several
+checkpoint matrices stacked in one weight so one GEMM serves them all; their `weight_loader`
+takes a `shard_id` saying which slice a checkpoint tensor fills. Quantized formats will plug
+in here by giving a layer a different weight layout and loader.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what} ({numerator}) is not divisible by the tensor-parallel size ({denominator})")
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        default_weight_loader(param, loaded, shard_id)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    """y = xWᵀ with W's output rows split over ranks; each rank keeps its slice of y."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        super().__init__(input_size, _divide(output_size, self.tp_size, "output features"), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        rows = param.shape[0]
+        copy_weight(param.data, loaded.narrow(0, self.tp_rank * rows, rows))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices (e.g. gate and up) stacked along the output dim."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"merged linear shard_id must be in [0, {len(self.output_sizes)}), got {shard_id!r}")
+        rows = self.output_sizes[shard_id] // self.tp_size
+        start = sum(self.output_sizes[:shard_id]) // self.tp_size
+        copy_weight(param.data.narrow(0, start, rows), loaded.narrow(0, self.tp_rank * rows, rows))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one weight, split over ranks by attention head.
+
+    When there are fewer KV heads than ranks, each KV head is replicated on several ranks.
+    """
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
+        tp_size = get_tp_size()
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp_size, "attention heads")
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
+        self.kv_replicas = max(1, tp_size // num_kv_heads)
+        if num_kv_heads >= tp_size:
+            _divide(num_kv_heads, tp_size, "key/value heads")
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        q_rows, kv_rows = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            start, rows, source_index = 0, q_rows, self.tp_rank
+        elif shard_id in ("k", "v"):
+            start = q_rows if shard_id == "k" else q_rows + kv_rows
+            rows, source_index = kv_rows, self.tp_rank // self.kv_replicas
+        else:
+            raise ValueError(f"qkv shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        copy_weight(param.data.narrow(0, start, rows), loaded.narrow(0, source_index * rows, rows))
+
+
+class RowParallelLinear(LinearBase):
+    """y = xWᵀ with W's input columns split over ranks; partial results are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        super().__init__(_divide(input_size, self.tp_size, "input features"), output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if param.dim() == 1:
+            default_weight_loader(param, loaded, shard_id)
+            return
+        cols = param.shape[1]
+        copy_weight(param.data, loaded.narrow(1, self.tp_rank * cols, cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Bias after the reduce, so it is added once rather than once per rank.
+        output = tp_all_reduce(F.linear(x, self.weight))
+        return output + self.bias if self.bias is not None else output

@@ -1,0 +1,75 @@
+"""load_model: construct the registered class on the target device and dtype, then load weights.
+
+Parameters are created directly on the device in the model dtype, and each checkpoint tensor
+is copied into its parameter once (the copy casts). Every parameter must be filled exactly
+by the checkpoint: missing or unexpected tensors are an error naming them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from rapid_llm.config import ModelConfig
+from rapid_llm.layers.weight_utils import default_weight_loader
+from rapid_llm.model_loader.safetensors_files import iterate_tensors
+from rapid_llm.model_loader.weight_mapping import (
+    IGNORED_CHECKPOINT_SUFFIXES,
+    checkpoint_name_of,
+    expected_shards,
+    map_checkpoint_name,
+)
+from rapid_llm.models import resolve_model_class
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_weights(model: nn.Module, model_dir: Path) -> None:
+    stacked = getattr(model, "stacked_params", ())
+    params = dict(model.named_parameters())
+    tied_lm_head = getattr(model.config, "tie_word_embeddings", False)
+    loaded: dict[str, set[str | int | None]] = {name: set() for name in params}
+    unexpected: list[str] = []
+    for name, tensor in iterate_tensors(model_dir):
+        if name.endswith(IGNORED_CHECKPOINT_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):
+            continue
+        param_name, shard_id = map_checkpoint_name(name, stacked)
+        param = params.get(param_name)
+        if param is None:
+            unexpected.append(name)
+            continue
+        try:
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard_id)
+        except (ValueError, RuntimeError) as error:
+            raise ValueError(f"checkpoint tensor {name!r}: {error}") from error
+        loaded[param_name].add(shard_id)
+    if unexpected:
+        raise ValueError(f"checkpoint in {model_dir} has weights the model does not use: {', '.join(unexpected)}")
+    missing = [
+        checkpoint_name_of(name, shard_id, stacked)
+        for name in params
+        for shard_id in sorted(expected_shards(name, stacked) - loaded[name], key=str)
+    ]
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir} lacks weights the model needs: {', '.join(missing)}")
+
+
+def load_model(model_config: ModelConfig, device: torch.device) -> nn.Module:
+    """Build the checkpoint's architecture on `device` in the model dtype and load its weights."""
+    model_class = resolve_model_class(model_config.architecture)
+    with torch.device(device), _default_dtype(model_config.dtype):
+        model = model_class(model_config.hf_config)
+    load_weights(model, Path(model_config.model))
+    return model.eval()

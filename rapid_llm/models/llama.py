@@ -1,0 +1,142 @@
+"""Llama, and the decoder block the Llama family (Mistral, Qwen2, Qwen3) shares.
+
+Family members differ only in switches: biases on the projections and per-head q/k RMSNorm.
+They subclass `LlamaForCausalLM` and set those switches, so each family file stays a few lines.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from rapid_llm.distributed import get_tp_size
+from rapid_llm.layers.activation import SiluAndMul
+from rapid_llm.layers.attention import Attention
+from rapid_llm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from rapid_llm.layers.forward_batch import ForwardBatch
+from rapid_llm.layers.layernorm import RMSNorm
+from rapid_llm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope
+from rapid_llm.model_loader.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam
+
+
+def layer_sliding_window(config: PretrainedConfig, layer_id: int) -> int | None:
+    """Per-layer window from `layer_types` (Qwen2/3), else the model-wide `sliding_window` (Mistral)."""
+    layer_types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if layer_types is not None:
+        return window if layer_types[layer_id] == "sliding_attention" else None
+    return window
+
+
+def attention_head_dim(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool,
+                 o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        head_dim = attention_head_dim(config)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, bias=o_bias)
+        local_heads, local_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.split_sizes = [local_heads * head_dim, local_kv_heads * head_dim, local_kv_heads * head_dim]
+        self.head_dim = head_dim
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = rotary_emb
+        self.attn = Attention(local_heads, local_kv_heads, head_dim, head_dim**-0.5,
+                              layer_sliding_window(config, layer_id))
+
+    def forward(self, hidden_states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden_states).split(self.split_sizes, dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(batch.positions, q, k, batch.token_seq_lens)
+        return self.o_proj(self.attn(q, k, v, batch.attention))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; Llama-family models use 'silu'")
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
+        self.act_fn = SiluAndMul()
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool,
+                 o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states, batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # One cos/sin table for all layers: it can be tens of MiB at long context.
+        rotary_emb = get_rope(config, attention_head_dim(config))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(batch.input_ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(hidden_states, residual, batch)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    stacked_params: tuple[StackedParam, ...] = LLAMA_STACKED_PARAMS
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if get_tp_size() > 1 and config.vocab_size % get_tp_size():
+            raise ValueError("vocab_size must divide evenly over tensor-parallel ranks")
+        self.config = config
+        self.model = LlamaModel(config, **self.attention_options(config))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def attention_options(config: PretrainedConfig) -> dict[str, bool]:
+        bias = getattr(config, "attention_bias", False)
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden_states)

@@ -1,0 +1,34 @@
+"""Lazy model registry: HF architecture name -> "module:Class".
+
+Model modules are imported only when that model is built, so importing the engine stays fast
+and a broken optional model can never break the others. Adding a model is one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+_MODELS: dict[str, str] = {
+    "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
+    "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def resolve_model_class(architecture: str) -> type[torch.nn.Module]:
+    """Import and return the class for `architecture`; unknown names list what is supported."""
+    target = _MODELS.get(architecture)
+    if target is None:
+        raise ValueError(
+            f"Model architecture {architecture!r} is not supported by rapid_llm. "
+            f"Supported architectures: {', '.join(supported_architectures())}"
+        )
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)

@@ -1,0 +1,128 @@
+"""Pure-torch reference attention over the paged KV cache; runs on CPU and CUDA.
+
+The batch is split into two groups — decodes (one query token) and prefills (several) — and
+each group is padded to a dense [seqs, heads, queries, keys] problem for
+`scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
+inflating every decode row to its length. Gathering a sequence's keys through its block table
+row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from rapid_llm.ops.attention.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepLayout,
+    build_common_metadata,
+    write_kv_cache,
+)
+
+
+@dataclass
+class PaddedGroup:
+    """Sequences of one group laid out densely: local sequence g holds query rows g*max_q..."""
+
+    token_index: torch.Tensor  # [Tg] positions of the group's tokens in the flat batch
+    padded_index: torch.Tensor  # [Tg] row of each token in the [Bg * max_q] padded layout
+    query_positions: torch.Tensor  # [Bg, max_q] absolute position of every padded query row
+    block_tables: torch.Tensor  # [Bg, blocks covering max_kv]
+    num_seqs: int
+    max_query_len: int
+    max_kv_len: int
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor:
+        """Causal (optionally sliding-window) mask, built once per step per window size."""
+        if sliding_window not in self.masks:
+            key_positions = torch.arange(self.max_kv_len, device=self.query_positions.device)
+            query_positions = self.query_positions.unsqueeze(-1)
+            allowed = key_positions <= query_positions
+            if sliding_window is not None:
+                allowed &= query_positions - key_positions < sliding_window
+            self.masks[sliding_window] = allowed.unsqueeze(1)
+        return self.masks[sliding_window]
+
+
+@dataclass
+class TorchAttentionMetadata(AttentionMetadata):
+    groups: list[PaddedGroup] = field(default_factory=list)
+
+
+def _build_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_size: int) -> PaddedGroup:
+    query_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
+    group_query_lens = query_lens[seq_ids]
+    group_seq_lens = common.seq_lens[seq_ids]
+    max_query_len = int(group_query_lens.max())
+    max_kv_len = int(group_seq_lens.max())
+
+    local_id = torch.full_like(query_lens, -1)
+    local_id[seq_ids] = torch.arange(len(seq_ids), device=seq_ids.device)
+    token_local_id = local_id[common.seq_index]
+    token_index = torch.nonzero(token_local_id >= 0).squeeze(1)
+    context_lens = common.seq_lens - query_lens
+    offset_in_query = common.positions[token_index] - context_lens[common.seq_index[token_index]]
+    padded_index = token_local_id[token_index] * max_query_len + offset_in_query
+
+    query_offsets = torch.arange(max_query_len, device=seq_ids.device)
+    query_positions = context_lens[seq_ids].unsqueeze(1) + query_offsets
+    num_blocks = -(-max_kv_len // block_size)
+    return PaddedGroup(
+        token_index=token_index,
+        padded_index=padded_index,
+        query_positions=query_positions,
+        block_tables=common.block_tables[seq_ids, :num_blocks],
+        num_seqs=len(seq_ids),
+        max_query_len=max_query_len,
+        max_kv_len=max_kv_len,
+    )
+
+
+class TorchReferenceBackend(AttentionBackend):
+    name = "torch"
+
+    def build_metadata(self, layout: StepLayout, device: torch.device) -> TorchAttentionMetadata:
+        common = build_common_metadata(layout, device)
+        is_decode = torch.tensor([q == 1 for q in layout.query_lens], dtype=torch.bool, device=device)
+        groups = [
+            _build_group(common, seq_ids, layout.block_size)
+            for seq_ids in (torch.nonzero(is_decode).squeeze(1), torch.nonzero(~is_decode).squeeze(1))
+            if len(seq_ids) > 0
+        ]
+        return TorchAttentionMetadata(**vars(common), groups=groups)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: TorchAttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        num_kv_heads = key.shape[1]
+        output = torch.empty_like(query)
+        for group in metadata.groups:
+            padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
+            padded_query[group.padded_index] = query[group.token_index]
+            padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads, head_dim).transpose(1, 2)
+            # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
+            history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
+            attended = F.scaled_dot_product_attention(
+                padded_query.to(history.dtype),
+                history[0],
+                history[1],
+                attn_mask=group.mask(sliding_window),
+                scale=scale,
+                enable_gqa=num_heads != num_kv_heads,
+            )
+            flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+            output[group.token_index] = flat[group.padded_index].to(query.dtype)
+        return output

@@ -1,0 +1,77 @@
+"""Per-request sampling parameters, with the vLLM/OpenAI meaning of each field.
+
+A `msgspec.Struct` so it crosses process boundaries without pickle; `validate()` is the single
+place where ranges are checked, and its errors name the offending field so the frontend can
+turn them into an OpenAI-style 400.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+MAX_LOGPROBS = 20
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `param` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """How to pick tokens for one request.
+
+    temperature 0 means greedy. top_k <= 0 disables top-k, top_p 1.0 disables top-p, min_p 0.0
+    disables min-p. `logprobs=None` returns no logprobs; `logprobs=n` returns the sampled token's
+    logprob plus the n most likely. A `seed` makes the request's samples independent of whatever
+    else shares the batch.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> "SamplingParams":
+        """Raise `SamplingParamsError` naming the first out-of-range field; return self."""
+        checks: list[tuple[str, bool, str]] = [
+            ("n", self.n >= 1, "must be at least 1"),
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
+            ("min_tokens", self.min_tokens >= 0, "must be non-negative"),
+            ("temperature", self.temperature >= 0.0, "must be non-negative"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", self.top_k >= -1, "must be -1 or 0 (disabled) or a positive integer"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
+            ("repetition_penalty", self.repetition_penalty > 0.0, "must be positive"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            ("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative ids"),
+        ]
+        for field, ok, rule in checks:
+            if not ok:
+                raise SamplingParamsError(field, f"{field} {rule}, got {getattr(self, field)!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(
+                "min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        return self

@@ -1,0 +1,1 @@
+"""Small helpers shared across rapid_llm and its tests."""

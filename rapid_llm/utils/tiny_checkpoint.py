@@ -1,0 +1,236 @@
+"""Tiny random Hugging Face checkpoints and a small local tokenizer.
+
+Tests and the built-in demo model need real checkpoints on disk -- a ``config.json``, safetensors weights,
+a tokenizer -- but must never download anything. This module makes them from nothing: the model is
+built from a config with ``AutoModelForCausalLM.from_config`` and saved with ``save_pretrained``, and the
+tokenizer is a byte-level BPE trained in a few milliseconds on a short built-in text.
+
+Key design choice: the files are written by transformers itself, so they have exactly the layout,
+names and metadata of a checkpoint from the Hub, and transformers can load the same directory as a
+reference to compare against. Weights are random but deliberately loud (a larger init range, randomly
+scaled norm weights, non-zero biases), so that greedy decoding gives varied tokens and a loader that
+drops a norm weight or a bias produces visibly wrong logits.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+
+BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
+IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
+# The trainer gives special tokens the first ids in this order, so the ids below are fixed.
+SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, IM_START_TOKEN_ID, IM_END_TOKEN_ID = range(len(SPECIAL_TOKENS))
+
+# The corpus below allows about 610 tokens at min_frequency=2; 512 leaves headroom for edits to it.
+VOCAB_SIZE = 512
+MAX_POSITION_EMBEDDINGS = 512
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Unsupported chat role: ' + message['role']) }}"
+    "{%- endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+_CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
+    "LlamaForCausalLM": transformers.LlamaConfig,
+    "Qwen2ForCausalLM": transformers.Qwen2Config,
+    "Qwen3ForCausalLM": transformers.Qwen3Config,
+    "MistralForCausalLM": transformers.MistralConfig,
+}
+
+# Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
+# derives it from the hidden size instead of reading the config fails loudly.
+_ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {"Qwen3ForCausalLM": {"head_dim": 32}}
+
+_CORPUS = r'''
+The server reads a request, turns the prompt into tokens, and schedules it with the other requests that are
+waiting. Each step of the engine runs the model once over a batch of sequences and samples one new token for
+every sequence in the batch. When a sequence reaches its stop condition, the server sends the final text back to
+the client and frees the memory that held its keys and values.
+
+A language model predicts the next token from the tokens before it. The attention layers look back over the
+whole context, so the cost of a step grows with the length of the sequence. A cache of keys and values keeps
+that cost small: the model only computes the new position and reads the old ones from memory.
+
+Good tests are small and fast. They should build what they need, check one thing at a time, and clean up after
+themselves. A test that downloads weights from the network is slow and fails when the network is down, so the
+tests here build tiny random models on the fly and save them to a temporary directory.
+
+Questions and answers:
+What is the capital of France? The capital of France is Paris.
+How many days are there in a week? There are seven days in a week.
+Write a short poem about the sea. The sea is wide and deep and blue, it sings a song that is always new.
+Please explain what a function is. A function is a named block of code that takes inputs and returns an output.
+
+def fibonacci(n: int) -> list[int]:
+    """Return the first n Fibonacci numbers."""
+    values = [0, 1]
+    while len(values) < n:
+        values.append(values[-1] + values[-2])
+    return values[:n]
+
+
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def increment(self, step: int = 1) -> int:
+        self.value += step
+        return self.value
+
+
+for index, item in enumerate(["alpha", "beta", "gamma"]):
+    print(f"{index}: {item}")
+
+if __name__ == "__main__":
+    counter = Counter()
+    for _ in range(10):
+        counter.increment()
+    print(counter.value, fibonacci(10))
+
+import json
+import os
+
+def load_config(path: str) -> dict:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+{"model": "tiny", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+ {"role": "user", "content": "Hello! How are you today?"}], "max_tokens": 16, "temperature": 0.0}
+
+function add(a, b) {
+  return a + b;
+}
+const result = add(1, 2);
+console.log(`The result is ${result}`);
+
+SELECT name, count(*) FROM users WHERE active = 1 GROUP BY name ORDER BY name;
+
+Numbers and dates: 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024-01-31 12:30:45 3.14159 -1 +1 50% $20.
+The weather today is sunny with a light wind from the west. Tomorrow it will rain in the morning and clear up
+in the afternoon. People like to walk in the park when the weather is good, and they stay at home when it rains.
+
+The engineer opened the file, read the error message, and found the line that raised it. The fix was small: a
+missing check for an empty list. She wrote a test that failed without the fix and passed with it, then asked a
+colleague to review the change before it was merged into the main branch.
+
+# Tokens, bytes and text
+Text is stored as bytes. A byte-level tokenizer can encode any string, including accents like café and naïve,
+and scripts like 日本語, 中文 and русский, because every byte has a token of its own.
+'''
+
+
+def tiny_config(architecture: str = "LlamaForCausalLM", **overrides: object) -> transformers.PretrainedConfig:
+    """A small config for ``architecture`` whose vocabulary and special ids match :func:`build_tokenizer`."""
+    if architecture not in _CONFIG_CLASSES:
+        raise ValueError(f"unsupported architecture {architecture!r}; expected one of {SUPPORTED_ARCHITECTURES}")
+    kwargs: dict[str, object] = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "tie_word_embeddings": False,
+        # HF's default of 0.02 leaves logits nearly uniform at this width (std ~0.15): greedy picks
+        # then hinge on gaps that rounding can flip, and decoding falls into short loops. 0.2 spreads
+        # logits (std ~1.6) and gives varied greedy text; much larger makes attention near one-hot.
+        "initializer_range": 0.2,
+        "bos_token_id": BOS_TOKEN_ID,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        **_ARCHITECTURE_DEFAULTS.get(architecture, {}),
+        **overrides,
+    }
+    return _CONFIG_CLASSES[architecture](architectures=[architecture], **kwargs)
+
+
+def build_tokenizer(out_dir: str | os.PathLike) -> transformers.PreTrainedTokenizerFast:
+    """Train the byte-level BPE tokenizer, save it to ``out_dir`` and return it.
+
+    Training is deterministic (fixed corpus and settings), so every call yields the same vocabulary.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        # All 256 byte symbols, so that text unlike the corpus (emoji, any script) still encodes.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([_CORPUS], trainer=trainer)
+
+    hf_tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MAX_POSITION_EMBEDDINGS,
+        # The cleanup rewrites " ." as "." and the like, which breaks decode(encode(text)) == text.
+        clean_up_tokenization_spaces=False,
+    )
+    hf_tokenizer.save_pretrained(out_dir)
+    return hf_tokenizer
+
+
+def build_tiny_checkpoint(
+    out_dir: str | os.PathLike,
+    architecture: str = "LlamaForCausalLM",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    max_shard_size: str | None = None,
+    **config_overrides: object,
+) -> pathlib.Path:
+    """Save a randomly initialised ``architecture`` model (and by default the tokenizer) to ``out_dir``.
+
+    The same ``seed`` and config give the same weights; other dtypes are the float32 weights cast down.
+    """
+    out_dir = pathlib.Path(out_dir)
+    config = tiny_config(architecture, **config_overrides)
+    # Seeding the global generator is the only way to make HF's init reproducible; fork_rng keeps
+    # that from changing the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _perturb_defaults(model, config.initializer_range)
+    model.to(dtype)
+
+    save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    # save_pretrained records dtype and architectures in config.json and writes generation_config.json.
+    model.save_pretrained(out_dir, **save_kwargs)
+    if with_tokenizer:
+        build_tokenizer(out_dir)
+    return out_dir
+
+
+@torch.no_grad()
+def _perturb_defaults(model: torch.nn.Module, std: float) -> None:
+    """Replace HF's constant inits (norm weights of one, zero biases) with random values.
+
+    With the constants, a loader that forgets to load these tensors would still match the reference.
+    """
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.weight.normal_(mean=1.0, std=0.2)
+    for name, param in model.named_parameters():
+        if name.endswith(".bias"):
+            param.normal_(mean=0.0, std=std)

@@ -1,0 +1,154 @@
+"""ModelRunner: one step's scheduled requests in, sampled tokens (and logprobs) out.
+
+It owns the model, the paged KV cache and the sampler. A step is one flat batch mixing
+prefills, prefill chunks that continue after cached tokens, and decodes; each request says
+how many of its tokens are already cached and how many to compute now. Only a request whose
+computed tokens reach the end of what it knows gets a token sampled; a partial prefill chunk
+just fills the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.layers.forward_batch import ForwardBatch
+from rapid_llm.layers.sampler import Sampler
+from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
+from rapid_llm.model_loader import load_model
+from rapid_llm.ops.attention import StepLayout, select_attention_backend
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.worker_proc.kv_cache import allocate_kv_cache
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step, as the scheduler decided it."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    num_computed_tokens: int
+    num_new_tokens: int
+    block_table: Sequence[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def samples_this_step(self) -> bool:
+        return self.num_computed_tokens + self.num_new_tokens == self.num_tokens
+
+    def new_token_ids(self) -> list[int]:
+        start, end = self.num_computed_tokens, self.num_computed_tokens + self.num_new_tokens
+        prompt_len = len(self.prompt_token_ids)
+        return list(self.prompt_token_ids[start:end]) + list(
+            self.output_token_ids[max(start - prompt_len, 0) : max(end - prompt_len, 0)]
+        )
+
+
+@dataclass
+class TokenLogprobs:
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
+class StepOutput:
+    """Sampled tokens of the requests that sampled this step, in batch order."""
+
+    request_ids: list[str]
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        device_config: DeviceConfig | None = None,
+        attention_backend: str = "auto",
+    ) -> None:
+        self.model_config = model_config
+        self.cache_config = cache_config
+        self.device = (device_config or DeviceConfig()).torch_device
+        self.model = load_model(model_config, self.device)
+        self.backend = select_attention_backend(attention_backend)
+        self.num_blocks = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
+        self.sampler = Sampler()
+
+    def _validate(self, requests: Sequence[ScheduledRequest]) -> None:
+        block_size = self.cache_config.block_size
+        for request in requests:
+            end = request.num_computed_tokens + request.num_new_tokens
+            if request.num_new_tokens < 1 or end > request.num_tokens:
+                raise ValueError(f"request {request.request_id}: cannot compute tokens "
+                                 f"[{request.num_computed_tokens}, {end}) of {request.num_tokens}")
+            if end > self.model_config.max_model_len:
+                raise ValueError(f"request {request.request_id}: {end} tokens exceed max_model_len "
+                                 f"{self.model_config.max_model_len}")
+            if len(request.block_table) * block_size < end:
+                raise ValueError(f"request {request.request_id}: {len(request.block_table)} blocks cannot hold "
+                                 f"{end} tokens")
+
+    @torch.inference_mode()
+    def forward(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
+        """Run the model over the step's new tokens; returns hidden states [num_tokens, hidden]."""
+        self._validate(requests)
+        layout = StepLayout(
+            query_lens=[r.num_new_tokens for r in requests],
+            seq_lens=[r.num_computed_tokens + r.num_new_tokens for r in requests],
+            block_tables=[r.block_table for r in requests],
+            block_size=self.cache_config.block_size,
+        )
+        input_ids = [token for request in requests for token in request.new_token_ids()]
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            attention=self.backend.build_metadata(layout, self.device),
+        )
+        return self.model(batch)
+
+    @torch.inference_mode()
+    def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
+        hidden_states = self.forward(requests)
+        last_token_index = torch.cumsum(torch.tensor([r.num_new_tokens for r in requests]), 0) - 1
+        sampling = [i for i, request in enumerate(requests) if request.samples_this_step]
+        if not sampling:
+            return StepOutput([], [], [])
+        logits = self.model.compute_logits(hidden_states[last_token_index[sampling].to(self.device)])
+        sampling_batch = SamplingBatch.build(
+            [
+                SamplingRequest(
+                    params=requests[i].sampling_params,
+                    prompt_token_ids=requests[i].prompt_token_ids,
+                    output_token_ids=requests[i].output_token_ids,
+                    eos_token_ids=self.model_config.eos_token_ids,
+                )
+                for i in sampling
+            ],
+            vocab_size=self.model_config.vocab_size,
+            device=self.device,
+        )
+        sampled = self.sampler(logits, sampling_batch)
+        return StepOutput(
+            request_ids=[requests[i].request_id for i in sampling],
+            token_ids=sampled.token_ids.tolist(),
+            logprobs=_logprobs_per_row(sampled, [requests[i].sampling_params.logprobs for i in sampling]),
+        )
+
+
+def _logprobs_per_row(sampled, asked: list[int | None]) -> list[TokenLogprobs | None]:
+    if sampled.logprobs is None:
+        return [None] * len(asked)
+    logprobs = sampled.logprobs.tolist()
+    top_ids, top_values = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
+    return [
+        None if n is None else TokenLogprobs(logprobs[row], list(zip(top_ids[row][:n], top_values[row][:n])))
+        for row, n in enumerate(asked)
+    ]

@@ -1,0 +1,72 @@
+"""Config resolution: dtype auto vs user, max_model_len limits, and errors that name the setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+
+
+def test_dtype_auto_follows_the_checkpoint_and_a_user_dtype_wins(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint(dtype=torch.bfloat16)
+    assert ModelConfig.from_pretrained(str(checkpoint)).dtype == torch.bfloat16
+    assert ModelConfig.from_pretrained(str(checkpoint), dtype="float32").dtype == torch.float32
+
+
+def test_unknown_dtype_names_the_flag(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match="--dtype='float8'.*bfloat16"):
+        ModelConfig.from_pretrained(str(tiny_checkpoint()), dtype="float8")
+
+
+def test_max_model_len_defaults_to_the_model_and_may_be_lowered(tiny_checkpoint) -> None:
+    checkpoint = str(tiny_checkpoint())
+    assert ModelConfig.from_pretrained(checkpoint).max_model_len == 512
+    assert ModelConfig.from_pretrained(checkpoint, max_model_len=100).max_model_len == 100
+
+
+def test_max_model_len_beyond_the_model_names_both_numbers(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match=r"--max-model-len 4096 is more than the model supports \(512"):
+        ModelConfig.from_pretrained(str(tiny_checkpoint()), max_model_len=4096)
+
+
+def test_rope_scaling_stretches_the_supported_length(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint(max_position_embeddings=32,
+                                 rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})
+    assert ModelConfig.from_pretrained(str(checkpoint)).max_model_len == 128
+
+
+def test_not_a_checkpoint_directory(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no config.json"):
+        ModelConfig.from_pretrained(str(tmp_path))
+
+
+def test_eos_comes_from_generation_config(tiny_checkpoint) -> None:
+    assert ModelConfig.from_pretrained(str(tiny_checkpoint())).eos_token_ids == (1,)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"block_size": 0}, "--block-size"),
+        ({"num_blocks": 0}, "--num-kv-blocks"),
+        ({"kv_cache_memory_bytes": -1}, "--kv-cache-memory"),
+        ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
+        ({"cache_dtype": "int3"}, "--kv-cache-dtype"),
+    ],
+)
+def test_cache_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CacheConfig(**kwargs)
+
+
+def test_kv_dtype_auto_is_the_model_dtype() -> None:
+    assert CacheConfig().kv_dtype(torch.bfloat16) == torch.bfloat16
+    assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
+
+
+def test_device_auto_picks_what_exists() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert DeviceConfig().torch_device.type == expected
+    with pytest.raises(ValueError, match="--device"):
+        DeviceConfig("tpu")
