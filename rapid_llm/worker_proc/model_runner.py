@@ -1,14 +1,17 @@
 """ModelRunner: one step's scheduled requests in, sampled tokens (and logprobs) out.
 
-It owns the model, the paged KV cache and the sampler. A step is one flat batch mixing
-prefills, prefill chunks that continue after cached tokens, and decodes; each request says
-how many of its tokens are already cached and how many to compute now. Only a request whose
-computed tokens reach the end of what it knows gets a token sampled; a partial prefill chunk
-just fills the cache.
+It owns the model, the paged KV cache, the sampler and a device-side token pool: row `slot`
+holds every token of the request in that slot. Input ids are gathered from the pool and each
+sampled token is written back into it on the device, so the next step's inputs never wait on
+the host (what lets the scheduler plan one step ahead). A step is one flat batch mixing
+prefills, prefill chunks that continue after cached tokens, and decodes; only a request whose
+computed tokens reach the end of what it knows gets a token sampled.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -23,12 +26,15 @@ from rapid_llm.ops.attention import StepLayout, select_attention_backend
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class ScheduledRequest:
     """One request's share of a step, as the scheduler decided it."""
 
     request_id: str
+    slot: int
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     num_computed_tokens: int
@@ -41,15 +47,12 @@ class ScheduledRequest:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def samples_this_step(self) -> bool:
-        return self.num_computed_tokens + self.num_new_tokens == self.num_tokens
+    def end(self) -> int:
+        return self.num_computed_tokens + self.num_new_tokens
 
-    def new_token_ids(self) -> list[int]:
-        start, end = self.num_computed_tokens, self.num_computed_tokens + self.num_new_tokens
-        prompt_len = len(self.prompt_token_ids)
-        return list(self.prompt_token_ids[start:end]) + list(
-            self.output_token_ids[max(start - prompt_len, 0) : max(end - prompt_len, 0)]
-        )
+    @property
+    def samples_this_step(self) -> bool:
+        return self.end == self.num_tokens
 
 
 @dataclass
@@ -60,9 +63,9 @@ class TokenLogprobs:
 
 @dataclass
 class StepOutput:
-    """Sampled tokens of the requests that sampled this step, in batch order."""
+    """Sampled tokens of the requests that sampled this step; `rows` index the step's request list."""
 
-    request_ids: list[str]
+    rows: list[int]
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
 
@@ -74,19 +77,37 @@ class ModelRunner:
         cache_config: CacheConfig,
         device_config: DeviceConfig | None = None,
         attention_backend: str = "auto",
+        max_num_seqs: int = 256,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
         self.device = (device_config or DeviceConfig()).torch_device
+        start = time.perf_counter()
         self.model = load_model(model_config, self.device)
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info("weights: %.2f GiB (%s) on %s in %.2f s", weight_bytes / 2**30, model_config.dtype,
+                    self.device, time.perf_counter() - start)
         self.backend = select_attention_backend(attention_backend)
         self.num_blocks = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (attention backend: %s)", self.num_blocks,
+                    cache_config.block_size, self.num_blocks * cache_config.block_size, self.backend.name)
         self.sampler = Sampler()
+        # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
+        self.token_pool = torch.zeros(max_num_seqs, model_config.max_model_len + 1, dtype=torch.int32,
+                                      device=self.device)
+
+    def add_request(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Put a request's known tokens (prompt, plus outputs when resuming) into its pool row."""
+        if not 0 <= slot < self.token_pool.shape[0]:
+            raise ValueError(f"slot {slot} is outside the token pool (max_num_seqs={self.token_pool.shape[0]})")
+        if len(token_ids) > self.model_config.max_model_len:
+            raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.model_config.max_model_len}")
+        self.token_pool[slot, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.int32, device=self.device)
 
     def _validate(self, requests: Sequence[ScheduledRequest]) -> None:
         block_size = self.cache_config.block_size
         for request in requests:
-            end = request.num_computed_tokens + request.num_new_tokens
+            end = request.end
             if request.num_new_tokens < 1 or end > request.num_tokens:
                 raise ValueError(f"request {request.request_id}: cannot compute tokens "
                                  f"[{request.num_computed_tokens}, {end}) of {request.num_tokens}")
@@ -107,12 +128,10 @@ class ModelRunner:
             block_tables=[r.block_table for r in requests],
             block_size=self.cache_config.block_size,
         )
-        input_ids = [token for request in requests for token in request.new_token_ids()]
-        batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            attention=self.backend.build_metadata(layout, self.device),
-        )
-        return self.model(batch)
+        attention = self.backend.build_metadata(layout, self.device)
+        slots = torch.tensor([r.slot for r in requests], dtype=torch.int64, device=self.device)
+        input_ids = self.token_pool[slots[attention.seq_index], attention.positions].long()
+        return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
 
     @torch.inference_mode()
     def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
@@ -136,8 +155,10 @@ class ModelRunner:
             device=self.device,
         )
         sampled = self.sampler(logits, sampling_batch)
+        rows = [requests[i] for i in sampling]
+        self.token_pool[[r.slot for r in rows], [r.end for r in rows]] = sampled.token_ids.to(torch.int32)
         return StepOutput(
-            request_ids=[requests[i].request_id for i in sampling],
+            rows=sampling,
             token_ids=sampled.token_ids.tolist(),
             logprobs=_logprobs_per_row(sampled, [requests[i].sampling_params.logprobs for i in sampling]),
         )

@@ -36,6 +36,8 @@ def generate(
     params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
     sequences = [_Sequence(str(i), list(p), sp, i * stagger) for i, (p, sp) in enumerate(zip(prompts, params_list))]
     free_blocks = list(range(runner.num_blocks))
+    for slot, seq in enumerate(sequences):
+        runner.add_request(slot, seq.prompt)
     block_size = runner.cache_config.block_size
     step = 0
     while any(len(s.output) < s.params.max_tokens for s in sequences):
@@ -47,8 +49,8 @@ def generate(
             num_new = min(remaining, chunk_size) if chunk_size else remaining
             while len(seq.blocks) * block_size < seq.computed + num_new:
                 seq.blocks.append(free_blocks.pop())
-            scheduled.append(ScheduledRequest(seq.request_id, seq.prompt, list(seq.output), seq.computed, num_new,
-                                              list(seq.blocks), seq.params))
+            scheduled.append(ScheduledRequest(seq.request_id, int(seq.request_id), seq.prompt, list(seq.output),
+                                              seq.computed, num_new, list(seq.blocks), seq.params))
         if scheduled:
             _apply(runner.execute(scheduled), scheduled, sequences)
         step += 1
@@ -59,6 +61,6 @@ def _apply(output: StepOutput, scheduled: list[ScheduledRequest], sequences: lis
     by_id = {seq.request_id: seq for seq in sequences}
     for request in scheduled:
         by_id[request.request_id].computed += request.num_new_tokens
-    for request_id, token, logprobs in zip(output.request_ids, output.token_ids, output.logprobs):
-        by_id[request_id].output.append(token)
-        by_id[request_id].logprobs.append(logprobs)
+    for row, token, logprobs in zip(output.rows, output.token_ids, output.logprobs):
+        by_id[scheduled[row].request_id].output.append(token)
+        by_id[scheduled[row].request_id].logprobs.append(logprobs)

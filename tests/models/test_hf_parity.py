@@ -39,9 +39,11 @@ def _paged_prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> list
     blocks_needed = [-(-len(p) // runner.cache_config.block_size) for p in prompts]
     starts = [sum(blocks_needed[:i]) for i in range(len(prompts))]
     requests = [
-        ScheduledRequest(str(i), p, [], 0, len(p), list(range(start, start + n)))
+        ScheduledRequest(str(i), i, p, [], 0, len(p), list(range(start, start + n)))
         for i, (p, start, n) in enumerate(zip(prompts, starts, blocks_needed))
     ]
+    for request in requests:
+        runner.add_request(request.slot, request.prompt_token_ids)
     with torch.inference_mode():
         logits = runner.model.compute_logits(runner.forward(requests)).float()
     return list(logits.split([len(p) for p in prompts]))

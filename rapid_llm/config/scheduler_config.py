@@ -1,0 +1,28 @@
+"""SchedulerConfig: the plain numbers the scheduler process runs with (no torch needed to read it)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Batching limits and KV-cache shape as the scheduler sees them.
+
+    `max_num_batched_tokens` is the one token budget per step; prompts longer than what is left of
+    it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache.
+    """
+
+    max_model_len: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_kv_blocks: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    async_scheduling: bool = True
+
+    def validate(self) -> "SchedulerConfig":
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
+        return self

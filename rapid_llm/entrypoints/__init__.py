@@ -1,0 +1,1 @@
+"""Top-level wiring: start the engine processes for the HTTP server or the offline LLM class."""

@@ -1,0 +1,122 @@
+"""Start, supervise and stop the scheduler, worker and detokenizer processes of one engine.
+
+Children are spawned (never forked: torch and ZMQ state must not be inherited), all at once so
+their imports overlap. Each reports ready or its exception over a pipe; start-up fails with the
+first child's one-line cause. Afterwards a watcher thread notices any child that exits and
+calls back, so the server stops rather than answering /health without an engine behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+from rapid_llm.config import EngineConfig
+from rapid_llm.detokenizer_proc.process import run_detokenizer
+from rapid_llm.ipc.sockets import IpcPaths
+from rapid_llm.scheduler_proc.process import run_scheduler
+from rapid_llm.worker_proc.process import run_worker
+
+logger = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 5.0
+
+
+def _read_report(pipe: Connection) -> tuple[str, Any]:
+    """The child's ("ready", info) or ("error", text); a child that died silently reads as an error."""
+    try:
+        return pipe.recv() if pipe.poll() else ("error", None)
+    except EOFError:
+        return "error", None
+
+
+class EngineStartupError(RuntimeError):
+    """A child failed to start; the message is its one-line cause."""
+
+
+class EngineProcesses:
+    def __init__(self, config: EngineConfig, num_ranks: int = 1) -> None:
+        self.config = config
+        self.paths = IpcPaths.create(num_ranks)
+        self.processes: dict[str, BaseProcess] = {}
+        self._ready_pipes: dict[str, Connection] = {}
+        self._stopping = threading.Event()
+        self.info: dict[str, dict[str, Any]] = {}
+        context = multiprocessing.get_context("spawn")
+        targets: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
+            ("scheduler", run_scheduler, (config.scheduler, self.paths, config.log_level)),
+            ("detokenizer", run_detokenizer, (config.tokenizer, self.paths, config.log_level)),
+        ]
+        targets += [(f"worker{rank}", run_worker, (config, rank, self.paths)) for rank in range(num_ranks)]
+        for name, target, args in targets:
+            receiver, sender = context.Pipe(duplex=False)
+            self.processes[name] = context.Process(target=target, args=(*args, sender), name=name, daemon=True)
+            self._ready_pipes[name] = receiver
+
+    def start(self) -> None:
+        """Start every child; they load in parallel with whatever the caller does next."""
+        self._started_at = time.perf_counter()
+        for process in self.processes.values():
+            process.start()
+
+    def wait_until_ready(self) -> None:
+        """Wait until every child reported ready; raise EngineStartupError (children stopped) otherwise."""
+        pending = dict(self._ready_pipes)
+        try:
+            while pending:
+                self._wait_for_one(pending)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("engine processes ready in %.2f s (%s)", time.perf_counter() - self._started_at,
+                    ", ".join(self.processes))
+
+    def _wait_for_one(self, pending: dict[str, Connection]) -> None:
+        sentinels = {self.processes[name].sentinel: name for name in pending}
+        ready = wait([*pending.values(), *sentinels])
+        for item in ready:
+            name = sentinels.get(item) or next(n for n, pipe in pending.items() if pipe is item)
+            pipe = pending.pop(name, None)
+            if pipe is None:
+                continue
+            status, payload = _read_report(pipe)
+            if status != "ready":
+                cause = payload.splitlines()[0] if payload else f"exited with code {self.processes[name].exitcode}"
+                logger.debug("%s start-up failure:\n%s", name, payload)
+                raise EngineStartupError(f"{name} failed to start: {cause}")
+            self.info[name] = payload
+
+    def watch(self, on_death: Callable[[str, int | None], None]) -> None:
+        """Call `on_death(name, exit_code)` from a daemon thread when a child exits unasked."""
+
+        def watcher() -> None:
+            by_sentinel = {process.sentinel: name for name, process in self.processes.items()}
+            dead = wait(list(by_sentinel))
+            if not self._stopping.is_set():
+                name = by_sentinel[dead[0]]
+                on_death(name, self.processes[name].exitcode)
+
+        threading.Thread(target=watcher, name="engine-watcher", daemon=True).start()
+
+    def is_alive(self) -> bool:
+        return not self._stopping.is_set() and all(p.is_alive() for p in self.processes.values())
+
+    def shutdown(self) -> None:
+        """Terminate every child, wait for them, and remove the socket files."""
+        self._stopping.set()
+        for process in self.processes.values():
+            if process.is_alive():
+                process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in self.processes.values():
+            if process.pid is None:
+                continue
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.paths.remove()

@@ -1,0 +1,153 @@
+"""Offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` over the same engine processes.
+
+No HTTP: this process tokenizes, sends requests straight to the scheduler and collects text from
+the detokenizer. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgspec
+import zmq
+
+from rapid_llm.entrypoints.engine_processes import EngineProcesses
+from rapid_llm.ipc.messages import GenerateRequest, TextBatch, TokenLogprobs
+from rapid_llm.ipc.sockets import Receiver, Sender
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.server_args import ServerArgs
+
+Prompt = str | Sequence[int]
+_instance_ids = itertools.count()
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """One prompt's result; `.text`, `.token_ids`, `.finish_reason` are those of the first choice."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from rapid_llm.utils.demo_checkpoint import ensure_demo_checkpoint
+
+        args = ServerArgs(model=model, **engine_args)
+        model_dir = model or str(ensure_demo_checkpoint()[0])
+        self.config = args.engine_config(model_dir)
+        self._engine = EngineProcesses(self.config)
+        self._engine.start()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer,
+                                                           trust_remote_code=args.trust_remote_code)
+            self._context = zmq.Context()
+            self._requests = Sender(self._context, self._engine.paths.frontend_to_scheduler)
+            self._texts: Receiver[TextBatch] = Receiver(self._context, self._engine.paths.detokenizer_to_frontend,
+                                                        TextBatch)
+            self._engine.wait_until_ready()
+        except BaseException:
+            self._engine.shutdown()
+            raise
+        self._request_ids = (f"offline-{next(_instance_ids)}-{i}" for i in itertools.count())
+        atexit.register(self.shutdown)
+
+    def _prompt_token_ids(self, prompt: Prompt) -> list[int]:
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); one RequestOutput per prompt, in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = (
+            list(sampling_params) if isinstance(sampling_params, Sequence)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")
+        results: list[RequestOutput] = []
+        choices: dict[str, CompletionOutput] = {}
+        for prompt, params in zip(prompts, params_list):
+            token_ids = self._prompt_token_ids(prompt)
+            self._check_length(token_ids, params.validate())
+            result = RequestOutput(next(self._request_ids), token_ids, [])
+            for index in range(params.n):
+                choice_params = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + index)
+                request_id = f"{result.request_id}-{index}"
+                result.outputs.append(choices.setdefault(request_id, CompletionOutput(index)))
+                self._requests.send(GenerateRequest(request_id, token_ids, choice_params, time.time()))
+            results.append(result)
+        self._collect(choices)
+        return results
+
+    def _check_length(self, token_ids: list[int], params: SamplingParams) -> None:
+        limit = self.config.model.max_model_len
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        if len(token_ids) + (params.max_tokens or 1) > limit:
+            raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"max_model_len {limit}")
+
+    def _collect(self, choices: dict[str, CompletionOutput]) -> None:
+        unfinished = set(choices)
+        while unfinished:
+            if not self._engine.is_alive():
+                raise RuntimeError("an engine process died; see the log above")
+            if not self._texts.socket.poll(1000):
+                continue
+            for delta in self._texts.recv().deltas:
+                choice = choices.get(delta.request_id)
+                if choice is None or delta.request_id not in unfinished:
+                    continue
+                choice.text += delta.text
+                choice.token_ids += delta.token_ids
+                choice.logprobs += delta.logprobs
+                if delta.finish_reason is not None:
+                    choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
+                    unfinished.discard(delta.request_id)
+
+    def shutdown(self) -> None:
+        """Stop the engine processes and remove their sockets (safe to call twice)."""
+        atexit.unregister(self.shutdown)
+        self._engine.shutdown()
+        if hasattr(self, "_context"):
+            self._context.destroy(linger=0)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

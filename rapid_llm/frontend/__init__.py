@@ -1,0 +1,1 @@
+"""The HTTP frontend: OpenAI routes, validation, tokenization and streaming (never touches torch)."""

@@ -1,0 +1,115 @@
+"""The Starlette app: OpenAI routes plus /health, /version and /metrics over one EngineClient.
+
+Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
+INFO line (no traceback), server faults with their traceback -- and the API key, when set, guards
+only /v1/* so that probes and Prometheus scrapes need no secret (as in vLLM).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import rapid_llm
+from rapid_llm.frontend.engine_client import EngineClient
+from rapid_llm.frontend.errors import OpenAIError
+from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from rapid_llm.frontend.serving_chat import create_chat_completion
+from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.serving_completions import create_completion
+
+logger = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _client_error(request: Request, error: OpenAIError) -> Response:
+    logger.info("%s %s -> %d: %s", request.method, request.url.path, error.status, error.message)
+    return error.to_response()
+
+
+def _guarded(handler: Callable[[Serving, Request], Awaitable[Response]], serving: Serving) -> Endpoint:
+    """The route, answering OpenAIError and unexpected exceptions with OpenAI error bodies."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(serving, request)
+        except OpenAIError as error:
+            return _client_error(request, error)
+        except Exception as exc:
+            logger.exception("%s %s failed", request.method, request.url.path)
+            return OpenAIError(500, f"internal server error: {exc}").to_response()
+
+    return endpoint
+
+
+async def _http_exception(request: Request, exc: HTTPException) -> Response:
+    """Router errors (unknown route, wrong method) in the OpenAI shape."""
+    return _client_error(request, OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+
+class _ApiKeyMiddleware:
+    """Rejects /v1/* requests without `Authorization: Bearer <api_key>` with a 401."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not secrets.compare_digest(given, self.expected):
+                error = OpenAIError(401, "Invalid or missing API key.", code="invalid_api_key")
+                logger.info("%s %s -> 401: %s", scope["method"], scope["path"], error.message)
+                await error.to_response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
+    """The HTTP app serving `engine`; `api_key` (if given) is required on every /v1 route."""
+    serving = Serving(engine, FrontendMetrics(engine.model_name))
+    created = int(time.time())
+
+    async def models(request: Request) -> Response:
+        model = {
+            "id": engine.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "rapid_llm",
+            "root": engine.model_path,
+            "max_model_len": engine.max_model_len,
+        }
+        return json_response({"object": "list", "data": [model]})
+
+    async def health(request: Request) -> Response:
+        if engine.is_healthy():
+            return Response(status_code=200)
+        return OpenAIError(503, "an engine process has died").to_response()
+
+    async def version(request: Request) -> Response:
+        return json_response({"version": rapid_llm.__version__})
+
+    async def metrics(request: Request) -> Response:
+        return Response(serving.metrics.render(engine.stats()), media_type=CONTENT_TYPE)
+
+    routes = [
+        Route("/v1/completions", _guarded(create_completion, serving), methods=["POST"]),
+        Route("/v1/chat/completions", _guarded(create_chat_completion, serving), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    middleware = [Middleware(_ApiKeyMiddleware, api_key=api_key)] if api_key else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception})

@@ -1,0 +1,169 @@
+"""OpenAI request bodies as msgspec Structs, and their conversion to `SamplingParams`.
+
+Key design choice: msgspec decodes and type-checks a body in one pass (unknown fields are ignored,
+as OpenAI clients send extras), and its error path (`$.temperature`) becomes the OpenAI `param`.
+Range checks are left to `SamplingParams.validate()` so they live in one place; its field names are
+mapped back to the request's own names (`max_completion_tokens`, `top_logprobs`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling.params import SamplingParamsError
+
+# Each choice is its own engine request; this bounds how many one HTTP request can start.
+MAX_N = 128
+
+_ERROR_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
+
+RequestT = TypeVar("RequestT", bound="GenerationRequest")
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class GenerationRequest(msgspec.Struct, kw_only=True):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras)."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling_params(
+        self, max_tokens: int, logprobs: int | None, renames: dict[str, str]
+    ) -> SamplingParams:
+        """Validated params; `renames` maps SamplingParams field names to this request's names."""
+        if self.n > MAX_N:
+            raise bad_request(f"n must be at most {MAX_N}, got {self.n}", param="n")
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if any(not s for s in stop):
+            raise bad_request("stop strings must not be empty", param="stop")
+        optional = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "min_tokens": self.min_tokens,
+            "stop_token_ids": self.stop_token_ids,
+        }
+        params = SamplingParams(
+            n=self.n,
+            max_tokens=max_tokens,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            **{name: value for name, value in optional.items() if value is not None},
+        )
+        try:
+            return params.validate()
+        except SamplingParamsError as exc:
+            param = renames.get(exc.param, exc.param)
+            raise bad_request(str(exc).replace(exc.param, param, 1), param=param) from None
+
+
+class CompletionRequest(GenerationRequest, kw_only=True):
+    # One prompt: text, token ids, or a batch list holding exactly one of those.
+    prompt: str | list[int | str | list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        return self._sampling_params(max_tokens, self.logprobs, {})
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(GenerationRequest, kw_only=True):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        # OpenAI deprecated max_tokens for max_completion_tokens; the newer name wins when both are set.
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(
+            max_tokens, logprobs, {"logprobs": "top_logprobs", "max_tokens": self.max_tokens_param}
+        )
+
+
+def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
+    """Decode and type-check a JSON body, or raise a 400 naming the offending field."""
+    try:
+        return msgspec.json.decode(body, type=request_type)
+    except msgspec.ValidationError as exc:
+        raise bad_request(str(exc), param=_error_param(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+def _error_param(message: str) -> str | None:
+    """`... - at `$.messages[0]`` plus `missing required field `role`` -> "messages[0].role"."""
+    path_match = _ERROR_PATH.search(message)
+    parts = [path_match["path"]] if path_match and path_match["path"] else []
+    missing = _MISSING_FIELD.search(message)
+    if missing:
+        parts.append(missing["field"])
+    return ".".join(parts) or None
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """A missing model means the served one (like vLLM); any other name is a 404."""
+    if requested is not None and requested != served:
+        raise OpenAIError(
+            404, f"The model `{requested}` does not exist.", param="model", code="model_not_found"
+        )

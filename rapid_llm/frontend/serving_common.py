@@ -1,0 +1,300 @@
+"""What /v1/completions and /v1/chat/completions share: request checks, fan-out, responses.
+
+Key design choice: a route only turns its body into prompt token ids and SamplingParams and
+supplies a `ResponseFormat` (how one choice looks in its response and chunk objects); everything
+else -- the context-length check, fanning `n` choices out to `n` engine requests, merging their
+deltas, usage, SSE framing, disconnect handling and metrics -- happens here once for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rapid_llm.frontend.engine_client import EngineClient
+from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.frontend.metrics import FrontendMetrics
+from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
+from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
+from rapid_llm.ipc.messages import TextDelta, TokenLogprobs
+from rapid_llm.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# JSON has no -inf; clients get the same floor vLLM uses.
+MIN_LOGPROB = -9999.0
+
+# Status of the response nobody reads once a non-streaming client has gone (nginx's convention).
+_CLIENT_CLOSED_REQUEST = 499
+
+
+@dataclass
+class ChoiceOutput:
+    """Output of one choice: all of it (non-streaming) or what one stream chunk carries."""
+
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # aligned with token_ids
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def add(self, delta: TextDelta) -> None:
+        if delta.text:
+            self.text_parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if len(self.logprobs) < len(self.token_ids):
+            self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+        # Engines may report the count on any delta; the largest is the final one.
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+
+
+class ResponseFormat(Protocol):
+    """How one route shapes its response objects; one instance per HTTP request."""
+
+    id_prefix: str
+    object_name: str
+    chunk_object_name: str
+
+    def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+        """A choice of the non-streaming response."""
+
+    def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+        """A choice of one stream chunk (new text since the previous chunk)."""
+
+    def opening_chunk_choice(self, index: int) -> dict[str, Any] | None:
+        """A chunk choice sent before a choice's first output, if the format has one."""
+
+
+class TokenStrings:
+    """The decoded text of single token ids (what vLLM reports in logprobs), cached per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._cache[token_id] = self._tokenizer.decode([token_id])
+        return text
+
+
+def clamp_logprob(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+def json_response(payload: object) -> Response:
+    return Response(msgspec.json.encode(payload), media_type="application/json")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens else None,
+    }
+
+
+class Serving:
+    """Engine-facing work of the generation routes; one per app."""
+
+    def __init__(self, engine: EngineClient, metrics: FrontendMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.token_strings = TokenStrings(engine.tokenizer)
+        self.vocab_size = len(engine.tokenizer)
+
+    async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
+        if not self.engine.is_healthy():
+            # A dead engine would never answer; fail fast instead of hanging the client.
+            raise OpenAIError(503, "the engine is not running; see the server log")
+        body = decode_request(await request.body(), request_type)
+        check_model(body.model, self.engine.model_name)
+        return body
+
+    def check_prompt_ids(self, token_ids: list[int], param: str) -> None:
+        if not token_ids:
+            raise bad_request(f"{param} must not be empty", param=param)
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise bad_request(f"{param} has token ids outside the vocabulary [0, {self.vocab_size})", param=param)
+
+    def resolve_max_tokens(self, num_prompt_tokens: int, requested: int | None, param: str, prompt_param: str) -> int:
+        """`requested`, or the rest of the context when None; a 400 when it does not fit."""
+        limit = self.engine.max_model_len
+        if num_prompt_tokens >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{num_prompt_tokens} input tokens. Please reduce the length of the {prompt_param}.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        if requested is None:
+            return limit - num_prompt_tokens
+        if num_prompt_tokens + requested > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {prompt_param}, {requested} "
+                f"in the completion). Please reduce the length of the {prompt_param} or completion.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return requested
+
+    async def respond(
+        self,
+        request: Request,
+        fmt: ResponseFormat,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        params: SamplingParams,
+    ) -> Response:
+        envelope = {
+            "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
+            "object": fmt.object_name,
+            "created": int(time.time()),
+            "model": self.engine.model_name,
+        }
+        # Each choice is its own engine request; seed + i keeps them different yet reproducible.
+        per_choice = [
+            msgspec.structs.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            for i in range(params.n)
+        ]
+        if body.stream:
+            envelope["object"] = fmt.chunk_object_name
+            return EventStreamResponse(self._stream(envelope, fmt, prompt_ids, per_choice, body.include_usage))
+        outputs = await run_unless_disconnected(self._collect(envelope["id"], prompt_ids, per_choice), request.receive)
+        if outputs is None:
+            logger.info("%s: client disconnected, request aborted", envelope["id"])
+            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        completion_tokens = sum(len(out.token_ids) for out in outputs)
+        # Prompt tokens count once for all choices, so cached ones do too: those cached for every choice.
+        cached_tokens = min(out.num_cached_tokens for out in outputs)
+        return json_response(
+            {
+                **envelope,
+                "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
+                "usage": usage(len(prompt_ids), completion_tokens, cached_tokens),
+            }
+        )
+
+    async def _collect(
+        self, request_id: str, prompt_ids: list[int], per_choice: list[SamplingParams]
+    ) -> list[ChoiceOutput]:
+        outputs = [ChoiceOutput() for _ in per_choice]
+        async with aclosing(self._deltas(request_id, prompt_ids, per_choice)) as deltas:
+            async for index, delta in deltas:
+                outputs[index].add(delta)
+        return outputs
+
+    async def _stream(
+        self,
+        envelope: dict[str, Any],
+        fmt: ResponseFormat,
+        prompt_ids: list[int],
+        per_choice: list[SamplingParams],
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        num_choices = len(per_choice)
+        # Tokens whose text the detokenizer still holds back wait here, so that no chunk is empty.
+        pending = [ChoiceOutput() for _ in range(num_choices)]
+        opened = [False] * num_choices
+        cached = [0] * num_choices
+        completion_tokens = 0
+        try:
+            async with aclosing(self._deltas(envelope["id"], prompt_ids, per_choice)) as deltas:
+                async for index, delta in deltas:
+                    completion_tokens += len(delta.token_ids)
+                    cached[index] = max(cached[index], delta.num_cached_tokens)
+                    output = pending[index]
+                    output.add(delta)
+                    if not delta.text and delta.finish_reason is None:
+                        continue
+                    if not opened[index]:
+                        opened[index] = True
+                        opening = fmt.opening_chunk_choice(index)
+                        if opening is not None:
+                            yield sse_event({**envelope, "choices": [opening]})
+                    yield sse_event({**envelope, "choices": [fmt.chunk_choice(index, output)]})
+                    pending[index] = ChoiceOutput()
+        except Exception as exc:
+            # Headers are sent already, so the error can only travel as an event (as vLLM does).
+            logger.exception("%s: generation failed", envelope["id"])
+            yield sse_event(OpenAIError(500, f"generation failed: {exc}").body())
+            yield DONE_EVENT
+            return
+        if include_usage:
+            total = usage(len(prompt_ids), completion_tokens, min(cached))
+            yield sse_event({**envelope, "choices": [], "usage": total})
+        yield DONE_EVENT
+
+    async def _deltas(
+        self, request_id: str, prompt_ids: list[int], per_choice: list[SamplingParams]
+    ) -> AsyncIterator[tuple[int, TextDelta]]:
+        """(choice index, delta) as they arrive; closing this aborts every unfinished choice."""
+        tracker = self.metrics.track(len(prompt_ids), len(per_choice))
+        generators = [
+            self.engine.generate(f"{request_id}-{i}", prompt_ids, params) for i, params in enumerate(per_choice)
+        ]
+        try:
+            async with aclosing(_merge(generators)) as merged:
+                async for index, delta in merged:
+                    tracker.observe(index, delta)
+                    yield index, delta
+        finally:
+            for generator in generators:
+                await generator.aclose()  # type: ignore[attr-defined]  # engine iterators are async generators
+            tracker.close()
+
+
+async def _merge(generators: list[AsyncIterator[TextDelta]]) -> AsyncIterator[tuple[int, TextDelta]]:
+    """Interleave the generators' items in arrival order, tagged with the generator's index."""
+    if len(generators) == 1:
+        # The common case needs no tasks or queue.
+        async for delta in generators[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, TextDelta | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, generator: AsyncIterator[TextDelta]) -> None:
+        try:
+            async for delta in generator:
+                queue.put_nowait((index, delta))
+            queue.put_nowait((index, None))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, generator)) for i, generator in enumerate(generators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        # Cancelling a pump throws into its generator's pending step, which closes (aborts) it.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,99 @@
+"""POST /v1/completions: one prompt (text or token ids) in, `text_completion` objects out.
+
+Key design choice: only the prompt handling and the completions shape of a choice live here
+(logprobs in the legacy `tokens / token_logprobs / top_logprobs / text_offset` layout); the
+generation itself is `Serving.respond`, shared with chat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rapid_llm.frontend.errors import bad_request
+from rapid_llm.frontend.protocol import CompletionRequest
+from rapid_llm.frontend.serving_common import ChoiceOutput, Serving, TokenStrings, clamp_logprob
+
+
+class CompletionFormat:
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, token_strings: TokenStrings, logprobs: bool) -> None:
+        self.token_strings = token_strings
+        self.logprobs = logprobs
+        # text_offset runs on across a choice's stream chunks.
+        self._offsets: dict[int, int] = {}
+
+    def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": output.text,
+            "logprobs": self._logprobs(index, output) if self.logprobs else None,
+            "finish_reason": output.finish_reason,
+            "stop_reason": output.stop_reason,
+        }
+
+    chunk_choice = choice
+
+    def opening_chunk_choice(self, index: int) -> None:
+        return None
+
+    def _logprobs(self, index: int, output: ChoiceOutput) -> dict[str, list[Any]]:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offset: list[int] = []
+        offset = self._offsets.get(index, 0)
+        for token_id, entry in zip(output.token_ids, output.logprobs):
+            token = self.token_strings(token_id)
+            tokens.append(token)
+            text_offset.append(offset)
+            offset += len(token)
+            if entry is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(clamp_logprob(entry.logprob))
+            # Like vLLM, the sampled token is always listed, alongside the requested top ones.
+            top = {token: clamp_logprob(entry.logprob)}
+            for top_id, top_logprob in zip(entry.top_token_ids, entry.top_logprobs):
+                top.setdefault(self.token_strings(top_id), clamp_logprob(top_logprob))
+            top_logprobs.append(top)
+        self._offsets[index] = offset
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }
+
+
+def _prompt_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt must not be empty", param="prompt")
+        return serving.engine.tokenizer.encode(prompt)
+    if not all(isinstance(item, int) for item in prompt):
+        raise bad_request(
+            "prompt must be one string or one list of token ids; send one request per prompt", param="prompt"
+        )
+    token_ids: list[int] = prompt  # type: ignore[assignment]  # all ints, checked above
+    serving.check_prompt_ids(token_ids, "prompt")
+    return token_ids
+
+
+async def create_completion(serving: Serving, request: Request) -> Response:
+    body = await serving.parse(request, CompletionRequest)
+    if body.echo:
+        raise bad_request("echo is not supported", param="echo")
+    prompt_ids = _prompt_token_ids(serving, body.prompt)
+    max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
+    params = body.sampling_params(max_tokens)
+    fmt = CompletionFormat(serving.token_strings, params.logprobs is not None)
+    return await serving.respond(request, fmt, body, prompt_ids, params)

@@ -1,0 +1,91 @@
+"""TokenizerManager: the frontend's EngineClient over ZeroMQ.
+
+Requests go to the scheduler; text comes back from the detokenizer and is routed to one asyncio
+queue per request by a single reader task; scheduler stats arrive on their own channel and
+are kept as the latest snapshot for /metrics. Closing a request's iterator early (client gone)
+sends an abort, so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+
+from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, SchedulerStats, TextBatch, TextDelta
+from rapid_llm.ipc.sockets import AsyncReceiver, IpcPaths, Sender
+from rapid_llm.sampling import SamplingParams
+
+
+class TokenizerManager:
+    def __init__(self, paths: IpcPaths, tokenizer: Any, model_name: str, model_path: str, max_model_len: int,
+                 engine_alive: Callable[[], bool]) -> None:
+        self.paths = paths
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.model_path = model_path
+        self.max_model_len = max_model_len
+        self._engine_alive = engine_alive
+        self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
+        self._stats: SchedulerStats | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Bind the receiving sockets and start the reader tasks (inside the server's event loop)."""
+        self._context = zmq.asyncio.Context()
+        # A plain (synchronous) PUSH socket: sending never waits, so aborts can go out from a
+        # `finally` of a cancelled request without awaiting.
+        self._sync_context = zmq.Context()
+        self._to_scheduler = Sender(self._sync_context, self.paths.frontend_to_scheduler)
+        texts: AsyncReceiver[TextBatch] = AsyncReceiver(self._context, self.paths.detokenizer_to_frontend, TextBatch)
+        stats: AsyncReceiver[SchedulerStats] = AsyncReceiver(self._context, self.paths.scheduler_to_frontend,
+                                                             SchedulerStats)
+        self._tasks = [asyncio.create_task(self._route_texts(texts)), asyncio.create_task(self._keep_stats(stats))]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._context.destroy(linger=0)
+        self._sync_context.destroy(linger=0)
+
+    async def _route_texts(self, receiver: AsyncReceiver[TextBatch]) -> None:
+        while True:
+            batch = await receiver.recv()
+            for delta in batch.deltas:
+                queue = self._queues.get(delta.request_id)
+                if queue is not None:
+                    queue.put_nowait(delta)
+
+    async def _keep_stats(self, receiver: AsyncReceiver[SchedulerStats]) -> None:
+        while True:
+            self._stats = await receiver.recv()
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[TextDelta]:
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            self._to_scheduler.send(GenerateRequest(request_id, prompt_token_ids, params, time.time()))
+            while not finished:
+                delta = await queue.get()
+                finished = delta.finish_reason is not None
+                yield delta
+        finally:
+            del self._queues[request_id]
+            if not finished:
+                self._to_scheduler.send(AbortRequest(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._to_scheduler.send(AbortRequest(request_id))
+
+    def stats(self) -> SchedulerStats | None:
+        return self._stats
+
+    def is_healthy(self) -> bool:
+        return self._engine_alive()

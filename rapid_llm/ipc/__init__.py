@@ -1,0 +1,1 @@
+"""Inter-process messages and ZeroMQ plumbing (ground floor: no torch, no engine imports)."""

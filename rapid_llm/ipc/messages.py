@@ -1,0 +1,155 @@
+"""Every message that crosses a process boundary, as msgspec Structs (no pickle anywhere).
+
+Flow: frontend -> scheduler (GenerateRequest, AbortRequest); scheduler -> worker ranks (StepPlan,
+Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> detokenizer
+(TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats).
+Scheduler -> worker traffic carries per-step deltas (new requests, tokens to compute, new blocks,
+released slots), never whole request states. Each channel decodes one tagged union type.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from rapid_llm.sampling import SamplingParams
+
+
+class _Part(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Base of nested parts: compact positional encoding, no type tag."""
+
+
+class _Message(_Part, tag=True):
+    """Base of top-level messages: the type tag lets one channel carry a union of them."""
+
+
+# ---- frontend -> scheduler -------------------------------------------------------------------
+
+
+class GenerateRequest(_Message):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = 0.0
+
+
+class AbortRequest(_Message):
+    request_id: str
+
+
+# ---- scheduler -> worker ---------------------------------------------------------------------
+
+
+class NewRequest(_Part):
+    """A request (re)entering the worker: every token it knows so far and a token-pool slot.
+
+    A request resumed after preemption comes back as a NewRequest with its outputs included.
+    """
+
+    request_id: str
+    slot: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+
+
+class ScheduledChunk(_Part):
+    """Compute tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of the request in `slot`."""
+
+    slot: int
+    num_computed_tokens: int
+    num_new_tokens: int
+    new_block_ids: list[int] = []
+
+
+class StepPlan(_Message):
+    step_id: int
+    released_slots: list[int] = []  # applied first: finished, aborted or preempted requests
+    new_requests: list[NewRequest] = []
+    scheduled: list[ScheduledChunk] = []
+
+
+class Shutdown(_Message):
+    pass
+
+
+# ---- worker -> scheduler ---------------------------------------------------------------------
+
+
+class WorkerReady(_Message):
+    num_kv_blocks: int
+
+
+class WorkerFailed(_Message):
+    error: str
+
+
+class TokenLogprobs(_Part):
+    logprob: float
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
+class StepResult(_Message):
+    """Tokens sampled in `step_id`, for the scheduled chunks that reached their request's end."""
+
+    step_id: int
+    slots: list[int]
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] = []
+
+
+# ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
+
+
+class DetokenizeRequest(_Part):
+    """Sent once, before a request's first tokens, with what the detokenizer needs to know."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    stop: list[str] = []
+    skip_special_tokens: bool = True
+
+
+class TokenUpdate(_Part):
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] = []
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id that ended it
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class TokenBatch(_Message):
+    new_requests: list[DetokenizeRequest] = []
+    updates: list[TokenUpdate] = []
+
+
+class TextDelta(_Part):
+    """New text of one request since its previous delta; `finish_reason` set on the last one."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] = []
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class TextBatch(_Message):
+    deltas: list[TextDelta]
+
+
+class SchedulerStats(_Message):
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int = 0  # since start
+
+
+FrontendToScheduler = GenerateRequest | AbortRequest
+SchedulerToWorker = StepPlan | Shutdown
+WorkerToScheduler = WorkerReady | WorkerFailed | StepResult

@@ -1,0 +1,114 @@
+"""ZeroMQ channels between the processes: one PUSH/PULL pair per direction, msgspec on the wire.
+
+Every launch gets its own directory of `ipc://` socket files, so two servers on one machine
+never collide, and removing that directory on shutdown removes every socket file. Receivers
+block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IpcPaths:
+    """The socket addresses of one launch (all under one private directory)."""
+
+    directory: str
+    frontend_to_scheduler: str
+    scheduler_to_detokenizer: str
+    detokenizer_to_frontend: str
+    scheduler_to_frontend: str
+    worker_to_scheduler: str
+    scheduler_to_workers: tuple[str, ...]
+
+    @classmethod
+    def create(cls, num_ranks: int) -> "IpcPaths":
+        directory = tempfile.mkdtemp(prefix=f"rapid_llm-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
+
+        def address(name: str) -> str:
+            return f"ipc://{os.path.join(directory, name)}"
+
+        return cls(
+            directory=directory,
+            frontend_to_scheduler=address("frontend-scheduler"),
+            scheduler_to_detokenizer=address("scheduler-detokenizer"),
+            detokenizer_to_frontend=address("detokenizer-frontend"),
+            scheduler_to_frontend=address("scheduler-frontend"),
+            worker_to_scheduler=address("worker-scheduler"),
+            scheduler_to_workers=tuple(address(f"scheduler-worker{rank}") for rank in range(num_ranks)),
+        )
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class Sender:
+    """PUSH end of a channel; the receiving process binds, so start order does not matter."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        self.socket = context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def send(self, message: Any) -> None:
+        self.socket.send(self._encoder.encode(message), copy=False)
+
+    def send_if_room(self, message: Any) -> None:
+        """Send unless the peer's queue is full (or nobody listens); for snapshots that may be dropped."""
+        try:
+            self.socket.send(self._encoder.encode(message), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass
+
+    def send_bytes(self, payload: bytes) -> None:
+        self.socket.send(payload, copy=False)
+
+    def encode(self, message: Any) -> bytes:
+        return self._encoder.encode(message)
+
+
+class Receiver(Generic[T]):
+    """PULL end of a channel, bound by the process that owns it; decodes one message type (or union)."""
+
+    def __init__(self, context: zmq.Context, address: str, message_type: Any) -> None:
+        self.socket = context.socket(zmq.PULL)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(address)
+        self._decoder = msgspec.msgpack.Decoder(message_type)
+
+    def recv(self) -> T:
+        return self._decoder.decode(self.socket.recv(copy=False).buffer)
+
+    def recv_nowait(self) -> T | None:
+        try:
+            frame = self.socket.recv(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        return self._decoder.decode(frame.buffer)
+
+
+class AsyncReceiver(Generic[T]):
+    """PULL end for asyncio code (the frontend)."""
+
+    def __init__(self, context: zmq.asyncio.Context, address: str, message_type: Any) -> None:
+        self.socket = context.socket(zmq.PULL)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(address)
+        self._decoder = msgspec.msgpack.Decoder(message_type)
+
+    async def recv(self) -> T:
+        frame = await self.socket.recv(copy=False)
+        return self._decoder.decode(frame.buffer)

@@ -1,0 +1,123 @@
+"""`python -m rapid_llm.launch_server`: resolve the config, start the engine processes, serve HTTP.
+
+The engine children start first, so their imports and weight loading overlap with the
+tokenizer load here. The frontend runs in this process on uvicorn (uvloop where available).
+A child that dies later stops the server with a log line and a non-zero exit; SIGINT/SIGTERM
+stop every child and remove the socket files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+logger = logging.getLogger("rapid_llm.launch_server")
+
+
+class ShutdownRequested(BaseException):
+    """SIGTERM, turned into an exception so `finally` blocks stop the children."""
+
+
+def _request_shutdown(signum: int, frame: Any) -> NoReturn:
+    raise ShutdownRequested
+
+
+def _run_event_loop(main: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rapid_llm.server_args import ServerArgs
+    from rapid_llm.utils.process import configure_logging
+
+    args = ServerArgs.from_cli(argv)
+    configure_logging(args.log_level)
+    started = time.perf_counter()
+    # uvicorn re-raises the signal it caught once it has stopped; with a Python handler installed
+    # that becomes an exception here, so the `finally` below still stops the children.
+    signal.signal(signal.SIGTERM, _request_shutdown)
+    try:
+        return _serve(args, started)
+    except (KeyboardInterrupt, ShutdownRequested):
+        logger.info("stopped on request")
+        return 0
+
+
+def _serve(args: Any, started: float) -> int:
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
+    from rapid_llm.frontend.app import build_app
+    from rapid_llm.frontend.tokenizer_manager import TokenizerManager
+    from rapid_llm.utils.demo_checkpoint import ensure_demo_checkpoint
+
+    model_dir = args.model
+    if model_dir is None:
+        demo_dir, built = ensure_demo_checkpoint()
+        model_dir = str(demo_dir)
+        logger.info("no --model given: serving the built-in demo checkpoint (random weights, locally built "
+                    "tokenizer) %s %s", "built now at" if built else "from", model_dir)
+    try:
+        config = args.engine_config(model_dir)
+    except (ValueError, OSError) as error:
+        logger.error("invalid configuration: %s", error)
+        return 2
+    logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
+                config.model.architecture, model_dir, config.model.dtype, config.model.max_model_len,
+                config.device.torch_device)
+
+    engine = EngineProcesses(config)
+    engine.start()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer, trust_remote_code=args.trust_remote_code)
+        engine.wait_until_ready()
+    except (EngineStartupError, OSError, ValueError) as error:
+        engine.shutdown()
+        logger.error("start-up failed: %s", error)
+        return 1
+    except BaseException:
+        engine.shutdown()
+        raise
+
+    manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
+                               config.model.max_model_len, engine.is_alive)
+    app = build_app(manager, api_key=args.api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=args.log_level == "debug", loop="none"))
+    died: list[str] = []
+
+    def on_child_death(name: str, exit_code: int | None) -> None:
+        logger.error("the %s process died (exit code %s); shutting the server down", name, exit_code)
+        died.append(name)
+        server.should_exit = True
+
+    engine.watch(on_child_death)
+
+    async def serve() -> None:
+        await manager.start()
+        logger.info("engine ready after %.2f s; starting HTTP for %r on http://%s:%d",
+                    time.perf_counter() - started, config.served_model_name, args.host, args.port)
+        try:
+            await server.serve()
+        finally:
+            await manager.stop()
+
+    try:
+        _run_event_loop(serve())
+    finally:
+        engine.shutdown()
+    return 1 if died or not server.started else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

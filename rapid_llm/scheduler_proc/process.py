@@ -1,0 +1,167 @@
+"""Scheduler process: the event loop around `Scheduler`, one step ahead of the worker.
+
+Loop: take new requests and aborts, send plans until `depth` are in flight (2 with async
+scheduling: plan n+1 goes out while the worker computes n; 1 in lock-step), then block on the
+sockets until the next result or request arrives. Blocking in `poll` is what keeps an idle
+scheduler at 0% CPU; it never sleeps on a timer and never spins.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from multiprocessing.connection import Connection
+
+import msgspec
+import zmq
+
+from rapid_llm.config.scheduler_config import SchedulerConfig
+from rapid_llm.ipc.messages import (
+    AbortRequest,
+    FrontendToScheduler,
+    GenerateRequest,
+    SchedulerStats,
+    Shutdown,
+    StepResult,
+    TokenBatch,
+    TokenUpdate,
+    WorkerFailed,
+    WorkerReady,
+    WorkerToScheduler,
+)
+from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
+from rapid_llm.scheduler_proc.scheduler import Scheduler
+from rapid_llm.utils.process import configure_child, report_failure, report_ready
+
+logger = logging.getLogger(__name__)
+THROUGHPUT_LOG_INTERVAL_S = 5.0
+
+
+class WorkerFailedError(RuntimeError):
+    pass
+
+
+class SchedulerLoop:
+    def __init__(self, config: SchedulerConfig, paths: IpcPaths) -> None:
+        context = zmq.Context()
+        self.requests: Receiver = Receiver(context, paths.frontend_to_scheduler, FrontendToScheduler)
+        self.results: Receiver = Receiver(context, paths.worker_to_scheduler, WorkerToScheduler)
+        self.workers = [Sender(context, address) for address in paths.scheduler_to_workers]
+        self.detokenizer = Sender(context, paths.scheduler_to_detokenizer)
+        self.frontend = Sender(context, paths.scheduler_to_frontend)
+        ready = self.results.recv()
+        if isinstance(ready, WorkerFailed):
+            raise WorkerFailedError(ready.error)
+        if not isinstance(ready, WorkerReady):
+            raise WorkerFailedError(f"expected WorkerReady from rank 0, got {type(ready).__name__}")
+        self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks)
+        capacity = ready.num_kv_blocks * config.block_size
+        if capacity < config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len {config.max_model_len}, so a "
+                "full-length request could never run; lower --max-model-len or give the cache more room "
+                "(--kv-cache-memory / --num-kv-blocks)"
+            )
+        self.scheduler = Scheduler(self.config)
+        self.depth = 2 if config.async_scheduling else 1
+        self.poller = zmq.Poller()
+        self.poller.register(self.requests.socket, zmq.POLLIN)
+        self.poller.register(self.results.socket, zmq.POLLIN)
+        self._last_stats: SchedulerStats | None = None
+        self._throughput = _ThroughputLog()
+
+    def run(self) -> None:
+        while True:
+            self._drain_requests()
+            while self.scheduler.num_inflight_steps < self.depth:
+                plan = self.scheduler.schedule()
+                if plan is None:
+                    break
+                self._throughput.count_scheduled(sum(chunk.num_new_tokens for chunk in plan.scheduled))
+                payload = self.workers[0].encode(plan)
+                for worker in self.workers:
+                    worker.send_bytes(payload)
+            self._publish()
+            events = dict(self.poller.poll())
+            if self.results.socket in events:
+                self._handle_result(self.results.recv())
+
+    def _drain_requests(self) -> None:
+        while (message := self.requests.recv_nowait()) is not None:
+            if isinstance(message, GenerateRequest):
+                try:
+                    self.scheduler.add_request(message)
+                except ValueError as error:
+                    # The frontend validates first; this guards other clients. Finish it, keep serving.
+                    logger.warning("rejected request %s: %s", message.request_id, error)
+                    self.detokenizer.send(TokenBatch(updates=[TokenUpdate(message.request_id, [],
+                                                                          finish_reason="abort")]))
+            elif isinstance(message, AbortRequest):
+                self.scheduler.abort_request(message.request_id)
+
+    def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult) -> None:
+        if isinstance(message, WorkerFailed):
+            raise WorkerFailedError(f"worker failed: {message.error}")
+        if isinstance(message, StepResult):
+            self.scheduler.process_result(message)
+            self._throughput.count_generated(len(message.token_ids))
+
+    def _publish(self) -> None:
+        outputs = self.scheduler.take_outputs()
+        if outputs is not None:
+            self.detokenizer.send(outputs)
+        stats = self.scheduler.stats()
+        if stats != self._last_stats:
+            self.frontend.send_if_room(stats)
+            self._last_stats = stats
+            self._throughput.maybe_log(stats)
+
+    def shutdown_workers(self) -> None:
+        for worker in self.workers:
+            worker.send(Shutdown())
+
+
+class _ThroughputLog:
+    """One line every few seconds while busy: tokens/s computed and generated, queue and KV usage."""
+
+    def __init__(self) -> None:
+        self.window_start = time.monotonic()
+        self.scheduled_tokens = 0
+        self.generated_tokens = 0
+
+    def count_scheduled(self, tokens: int) -> None:
+        self.scheduled_tokens += tokens
+
+    def count_generated(self, tokens: int) -> None:
+        self.generated_tokens += tokens
+
+    def maybe_log(self, stats: SchedulerStats) -> None:
+        elapsed = time.monotonic() - self.window_start
+        if elapsed < THROUGHPUT_LOG_INTERVAL_S:
+            return
+        if self.scheduled_tokens:
+            logger.info(
+                "throughput: %.1f tokens/s computed, %.1f tokens/s generated | running %d, waiting %d | "
+                "KV blocks %d/%d (%.1f%%)", self.scheduled_tokens / elapsed, self.generated_tokens / elapsed,
+                stats.num_running, stats.num_waiting, stats.kv_blocks_used, stats.kv_blocks_total,
+                100.0 * stats.kv_blocks_used / max(stats.kv_blocks_total, 1),
+            )
+        self.window_start, self.scheduled_tokens, self.generated_tokens = time.monotonic(), 0, 0
+
+
+def run_scheduler(config: SchedulerConfig, paths: IpcPaths, log_level: str, ready: Connection) -> None:
+    configure_child(log_level)
+    try:
+        loop = SchedulerLoop(config.validate(), paths)
+        report_ready(ready, {"num_kv_blocks": loop.config.num_kv_blocks})
+    except Exception as error:
+        report_failure(ready, error)
+        sys.exit(1)
+    try:
+        loop.run()
+    except WorkerFailedError as error:
+        logger.error("%s; the scheduler stops", error)
+        sys.exit(1)
+    finally:
+        loop.shutdown_workers()

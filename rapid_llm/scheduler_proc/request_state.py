@@ -1,0 +1,109 @@
+"""What the scheduler knows about one request: its tokens, KV blocks, slot and unsent output.
+
+Tokens that steps still in flight will sample are counted as placeholders, so a request can be
+planned again before their ids are known. `epoch` changes on every preemption, so a result planned
+before it can be recognised and dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from rapid_llm.ipc.messages import GenerateRequest, TokenLogprobs, TokenUpdate
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+class RequestState:
+    """One request's progress; the scheduler moves it between its queues."""
+
+    def __init__(self, request: GenerateRequest, max_model_len: int) -> None:
+        self.request_id = request.request_id
+        self.prompt_token_ids = request.prompt_token_ids
+        self.params = request.params
+        self.max_model_len = max_model_len
+        # No max_tokens: only the model length bounds the output.
+        self.max_tokens = max_model_len if request.params.max_tokens is None else request.params.max_tokens
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.num_placeholders = 0
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.slot: int | None = None
+        self.epoch = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self._unsent_token_ids: list[int] = []
+        self._unsent_logprobs: list[TokenLogprobs | None] = []
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Outputs including placeholders still being sampled."""
+        return len(self.output_token_ids) + self.num_placeholders
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus outputs, placeholders included: what the worker will know after in-flight steps."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def can_sample(self) -> bool:
+        """Whether one more sampled token stays within max_tokens and max_model_len."""
+        return self.num_output_tokens < self.max_tokens and self.num_tokens < self.max_model_len
+
+    def known_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def add_sampled_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
+        """The real id of the oldest placeholder has arrived."""
+        self.num_placeholders -= 1
+        self.output_token_ids.append(token_id)
+        self._unsent_token_ids.append(token_id)
+        if self.params.logprobs is not None:
+            self._unsent_logprobs.append(logprobs)
+
+    def finish_reason_for_last_token(self, eos_token_ids: tuple[int, ...]) -> tuple[str, int | None] | None:
+        """(finish_reason, stop_reason) if the newest real token ends the request, else None."""
+        token_id = self.output_token_ids[-1]
+        if token_id in self.params.stop_token_ids:
+            return "stop", token_id
+        if token_id in eos_token_ids and not self.params.ignore_eos:
+            return "stop", None
+        real_length = self.num_prompt_tokens + len(self.output_token_ids)
+        if len(self.output_token_ids) >= self.max_tokens or real_length >= self.max_model_len:
+            return "length", None
+        return None
+
+    def reset_for_recompute(self) -> None:
+        """After preemption (blocks and slot already returned): recompute everything from scratch."""
+        self.status = RequestStatus.WAITING
+        self.num_placeholders = 0
+        self.num_computed_tokens = 0
+        self.block_ids = []
+        self.slot = None
+        self.epoch += 1
+
+    def take_update(self) -> TokenUpdate:
+        """Tokens (and finish) not yet reported to the detokenizer."""
+        update = TokenUpdate(
+            request_id=self.request_id,
+            token_ids=self._unsent_token_ids,
+            logprobs=self._unsent_logprobs,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+        )
+        self._unsent_token_ids = []
+        self._unsent_logprobs = []
+        return update

@@ -1,0 +1,279 @@
+"""The scheduling policy: one token budget per step, shared by decodes, prefill chunks and admissions.
+
+Pure bookkeeping: no sockets, no tensors. A plan may be made before the previous step's tokens are
+known (async scheduling), so every plan records which request, in which preemption epoch, held each
+sampling slot; results are mapped through that record and land on the right request or are dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from rapid_llm.config.scheduler_config import SchedulerConfig
+from rapid_llm.ipc.messages import (
+    DetokenizeRequest,
+    GenerateRequest,
+    NewRequest,
+    ScheduledChunk,
+    SchedulerStats,
+    StepPlan,
+    StepResult,
+    TokenBatch,
+)
+from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _StepRecord:
+    step_id: int
+    samplers: dict[int, tuple[RequestState, int]]  # slot -> (request, its epoch) when planned
+
+
+@dataclass
+class _PlanDraft:
+    budget: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    samplers: dict[int, tuple[RequestState, int]] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Decides each step's batch; the process loop owns the sockets and calls in."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        config.validate()
+        if config.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
+        capacity = config.num_kv_blocks * config.block_size
+        if capacity < config.max_model_len:
+            # A lone request could outgrow the whole cache and then never be admitted again.
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len ({config.max_model_len}); "
+                "lower --max-model-len or give the KV cache more memory"
+            )
+        self.config = config
+        self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self._free_slots = list(range(config.max_num_seqs))  # a sorted list is already a heap
+        self._released_slots: list[int] = []
+        self._requests: dict[str, RequestState] = {}
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []  # in order of admission
+        self._inflight: deque[_StepRecord] = deque()
+        self._next_step_id = 0
+        self._num_preemptions = 0
+        self._detokenize_requests: list[DetokenizeRequest] = []
+        self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
+
+    # ---- requests in -------------------------------------------------------------------------
+
+    def add_request(self, request: GenerateRequest) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        num_prompt_tokens = len(request.prompt_token_ids)
+        if not 0 < num_prompt_tokens < self.config.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: the prompt has {num_prompt_tokens} tokens; it needs at least 1 "
+                f"and fewer than max_model_len ({self.config.max_model_len})"
+            )
+        if request.params.max_tokens is not None and request.params.max_tokens < 1:
+            raise ValueError(f"request {request.request_id}: max_tokens must be at least 1")
+        state = RequestState(request, self.config.max_model_len)
+        self._requests[request.request_id] = state
+        self._waiting.append(state)
+        self._detokenize_requests.append(
+            DetokenizeRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                stop=request.params.stop,
+                skip_special_tokens=request.params.skip_special_tokens,
+            )
+        )
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finish(request, "abort", None)
+
+    # ---- planning ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        draft = _PlanDraft(budget=self.config.max_num_batched_tokens)
+        preempted = self._schedule_running(draft)
+        # After a preemption, admitting (even the victim, with a small chunk) would only thrash.
+        if not preempted:
+            self._schedule_waiting(draft)
+        if not draft.chunks:
+            return None
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            released_slots=self._released_slots,
+            new_requests=draft.new_requests,
+            scheduled=draft.chunks,
+        )
+        self._released_slots = []
+        self._inflight.append(_StepRecord(self._next_step_id, draft.samplers))
+        self._next_step_id += 1
+        return plan
+
+    def _schedule_running(self, draft: _PlanDraft) -> bool:
+        """Give each running request its next chunk; returns whether anything was preempted."""
+        preempted = False
+        index = 0
+        while index < len(self._running) and draft.budget > 0:
+            request = self._running[index]
+            num_new = self._num_new_tokens(request, draft.budget)
+            if num_new == 0:
+                index += 1
+                continue
+            while not self._blocks.can_allocate(self._num_new_blocks(request, num_new)):
+                # The newest running request is always at or after `index`: not yet scheduled here.
+                victim = self._running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    return True
+            self._add_chunk(draft, request, num_new)
+            index += 1
+        return preempted
+
+    def _schedule_waiting(self, draft: _PlanDraft) -> None:
+        while self._waiting and draft.budget > 0 and len(self._running) < self.config.max_num_seqs:
+            request = self._waiting[0]
+            num_new = self._num_new_tokens(request, draft.budget)
+            # FCFS: nobody overtakes a request that cannot be admitted yet.
+            if num_new == 0 or not self._blocks.can_allocate(self._num_new_blocks(request, num_new)):
+                return
+            self._waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.slot = heapq.heappop(self._free_slots)
+            self._running.append(request)
+            draft.new_requests.append(
+                NewRequest(
+                    request_id=request.request_id,
+                    slot=request.slot,
+                    token_ids=request.known_token_ids(),
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    params=request.params,
+                )
+            )
+            self._add_chunk(draft, request, num_new)
+
+    def _num_new_tokens(self, request: RequestState, budget: int) -> int:
+        """Tokens to compute for `request` this step; 0 when its next sample would pass a limit."""
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        reaches_end = request.num_computed_tokens + num_new == request.num_tokens
+        if reaches_end and not request.can_sample():
+            return 0
+        return num_new
+
+    def _num_new_blocks(self, request: RequestState, num_new: int) -> int:
+        # The blocks held always cover exactly the computed tokens, so this is never negative.
+        return self._blocks.blocks_for_tokens(request.num_computed_tokens + num_new) - len(request.block_ids)
+
+    def _add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int) -> None:
+        if request.slot is None:
+            raise RuntimeError(f"request {request.request_id} is scheduled without a slot")
+        new_block_ids = self._blocks.allocate(self._num_new_blocks(request, num_new))
+        request.block_ids.extend(new_block_ids)
+        draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids))
+        request.num_computed_tokens += num_new
+        draft.budget -= num_new
+        if request.num_computed_tokens == request.num_tokens:
+            # The worker samples here; the next plan may already decode that token from its pool.
+            request.num_placeholders += 1
+            draft.samplers[request.slot] = (request, request.epoch)
+
+    def _preempt(self, request: RequestState) -> None:
+        self._num_preemptions += 1
+        logger.warning("KV cache full: preempted request %s (it will be recomputed; %d preemptions so far)",
+                       request.request_id, self._num_preemptions)
+        self._running.remove(request)
+        self._release_resources(request)
+        request.reset_for_recompute()
+        self._waiting.appendleft(request)
+
+    # ---- results in, outputs out -------------------------------------------------------------
+
+    def process_result(self, result: StepResult) -> None:
+        record = self._pop_record(result)
+        for index, (slot, token_id) in enumerate(zip(result.slots, result.token_ids)):
+            request, epoch = record.samplers[slot]
+            # Finished, aborted or preempted since this step was planned: the token is stale.
+            if request.is_finished or request.epoch != epoch:
+                continue
+            request.add_sampled_token(token_id, result.logprobs[index] if result.logprobs else None)
+            self._updated[request] = None
+            finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
+            if finish is not None:
+                self._finish(request, *finish)
+
+    def _pop_record(self, result: StepResult) -> _StepRecord:
+        if not self._inflight:
+            raise ValueError(f"got a result for step {result.step_id} but no step is in flight")
+        record = self._inflight[0]
+        if result.step_id != record.step_id:
+            raise ValueError(f"got a result for step {result.step_id}, expected step {record.step_id}")
+        num_slots = len(result.slots)
+        if len(result.token_ids) != num_slots or (result.logprobs and len(result.logprobs) != num_slots):
+            raise ValueError(f"step {result.step_id}: slots, token_ids and logprobs differ in length")
+        if sorted(result.slots) != sorted(record.samplers):
+            raise ValueError(
+                f"step {result.step_id}: sampled slots {sorted(result.slots)}, planned {sorted(record.samplers)}"
+            )
+        return self._inflight.popleft()
+
+    def take_outputs(self) -> TokenBatch | None:
+        if not self._detokenize_requests and not self._updated:
+            return None
+        batch = TokenBatch(
+            new_requests=self._detokenize_requests,
+            updates=[request.take_update() for request in self._updated],
+        )
+        self._detokenize_requests = []
+        self._updated = {}
+        return batch
+
+    def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
+        if request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        else:
+            self._running.remove(request)
+        self._release_resources(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = finish_reason
+        request.stop_reason = stop_reason
+        del self._requests[request.request_id]
+        self._updated[request] = None
+
+    def _release_resources(self, request: RequestState) -> None:
+        """Free blocks now (the worker runs steps in order, so no later step reads them) and the slot."""
+        self._blocks.free(request.block_ids)
+        request.block_ids = []
+        if request.slot is not None:
+            heapq.heappush(self._free_slots, request.slot)
+            self._released_slots.append(request.slot)
+            request.slot = None
+
+    # ---- introspection -----------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            kv_blocks_used=self._blocks.num_used_blocks,
+            kv_blocks_total=self._blocks.num_blocks,
+            num_preemptions=self._num_preemptions,
+        )
+
+    @property
+    def num_inflight_steps(self) -> int:
+        return len(self._inflight)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting or self._running)

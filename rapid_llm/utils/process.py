@@ -1,0 +1,50 @@
+"""What every engine child process does at start: signals, logging, parent-death, readiness report.
+
+Children ignore SIGINT (Ctrl-C reaches the whole process group; the launcher alone decides how
+to stop) and exit cleanly on SIGTERM. On Linux a child also asks the kernel for SIGTERM when the
+launcher dies, so a killed launcher never leaves orphans holding memory or a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(message)s"
+_PR_SET_PDEATHSIG = 1
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, datefmt="%H:%M:%S", force=True)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
+    raise SystemExit(0)
+
+
+def configure_child(log_level: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    configure_logging(log_level)
+
+
+def report_ready(conn: Connection, info: dict[str, Any] | None = None) -> None:
+    conn.send(("ready", info or {}))
+    conn.close()
+
+
+def report_failure(conn: Connection, error: BaseException) -> None:
+    """Send the root cause on one line, then the traceback, to the launcher."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    conn.send(("error", f"{type(cause).__name__}: {cause}\n{traceback.format_exc()}"))
+    conn.close()

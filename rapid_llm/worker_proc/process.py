@@ -1,0 +1,54 @@
+"""Worker process entry point: load the model, size the KV cache, then execute plans as they come.
+
+Each rank receives every plan on its own socket (the scheduler fans out); only rank 0 answers,
+so N ranks cost the scheduler one result per step. A failure inside a step is reported to the
+scheduler as WorkerFailed before the process exits, so the server stops instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from multiprocessing.connection import Connection
+
+import zmq
+
+from rapid_llm.config import EngineConfig
+from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
+from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
+from rapid_llm.utils.process import configure_child, report_failure, report_ready
+from rapid_llm.worker_proc.model_runner import ModelRunner
+from rapid_llm.worker_proc.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connection) -> None:
+    configure_child(config.log_level)
+    try:
+        runner = ModelRunner(config.model, config.cache, config.device, config.attention_backend,
+                             max_num_seqs=config.scheduler.max_num_seqs)
+        context = zmq.Context()
+        plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
+        results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
+        if results is not None:
+            results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
+        report_ready(ready, {"num_kv_blocks": runner.num_blocks})
+    except Exception as error:
+        report_failure(ready, error)
+        sys.exit(1)
+
+    worker = Worker(runner)
+    while True:
+        message = plans.recv()
+        if isinstance(message, Shutdown):
+            return
+        try:
+            result = worker.execute_plan(message)
+        except Exception as error:
+            logger.exception("worker rank %d failed in step %d", rank, message.step_id)
+            if results is not None:
+                results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
+            sys.exit(1)
+        if results is not None:
+            results.send(result)

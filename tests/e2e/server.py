@@ -1,0 +1,102 @@
+"""Start the real server as a subprocess for end-to-end tests, and inspect what it leaves behind."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc."""
+    children = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.split("/")[2]))
+    return children
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """The pids still alive after `timeout` (multiprocessing's resource tracker exits only once it
+    notices its parent is gone, a moment after)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return alive
+
+
+def socket_dirs(pid: int) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"rapid_llm-{pid}-*"))
+
+
+class ServerProcess:
+    """`python -m rapid_llm.launch_server ...` on a free port, waited on until /health answers 200."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 120.0) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix="rapid_llm-e2e-", suffix=".log")[1])
+        self._log = self.log_path.open("w")
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rapid_llm.launch_server", "--port", str(self.port), *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+        self.ready_after = self._wait_healthy(startup_timeout)
+
+    def _wait_healthy(self, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
+                    return time.perf_counter() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

@@ -1,0 +1,75 @@
+"""Server life cycle: idle CPU, clean shutdown, start-up failures, the built-in demo checkpoint."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.e2e.server import ServerProcess, child_pids, cpu_seconds, socket_dirs, wait_gone
+
+IDLE_WINDOW_S = 10.0
+
+
+def test_idle_server_sleeps_and_sigterm_leaves_nothing_behind(checkpoint) -> None:
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+    children = child_pids(server.process.pid)
+    assert len(children) >= 3, "expected scheduler, detokenizer and worker children"
+    assert len(socket_dirs(server.process.pid)) == 1
+    httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "warm up", "max_tokens": 4}, timeout=30)
+    time.sleep(1.0)
+    pids = [server.process.pid, *children]
+    before = sum(cpu_seconds(pid) for pid in pids)
+    time.sleep(IDLE_WINDOW_S)
+    used = sum(cpu_seconds(pid) for pid in pids) - before
+    assert used / IDLE_WINDOW_S < 0.02, f"idle server used {100 * used / IDLE_WINDOW_S:.1f}% of a core"
+
+    assert server.stop(signal.SIGTERM) == 0
+    assert wait_gone(children) == []
+    assert socket_dirs(server.process.pid) == []
+
+
+def test_sigint_also_stops_every_child(checkpoint) -> None:
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+    children = child_pids(server.process.pid)
+    server.stop(signal.SIGINT)
+    assert wait_gone(children) == []
+    assert socket_dirs(server.process.pid) == []
+    assert "Traceback" not in server.log()
+
+
+def test_bad_model_path_exits_fast_with_one_line_cause(tmp_path) -> None:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "rapid_llm.launch_server", "--model", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 15
+    assert "not a Hugging Face checkpoint directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_child_startup_failure_is_reported(checkpoint, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in checkpoint.iterdir():
+        if item.name != "model.safetensors":
+            (broken / item.name).write_bytes(item.read_bytes())
+    result = subprocess.run([sys.executable, "-m", "rapid_llm.launch_server", "--model", str(broken),
+                             "--num-kv-blocks", "8"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "worker0 failed to start" in result.stderr and "safetensors" in result.stderr
+
+
+def test_no_model_serves_the_built_in_demo(tmp_path) -> None:
+    server = ServerProcess("--num-kv-blocks", "128", env={"XDG_CACHE_HOME": str(tmp_path)})
+    try:
+        assert "built-in demo checkpoint" in server.log()
+        response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hello", "max_tokens": 5},
+                              timeout=30).json()
+        assert response["usage"]["completion_tokens"] >= 1
+    finally:
+        server.stop()
+    assert (tmp_path / "rapid_llm" / "demo-llama-v1" / "config.json").is_file()

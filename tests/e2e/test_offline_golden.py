@@ -1,0 +1,67 @@
+"""Offline LLM and scheduling golden tests: greedy tokens are identical (and equal transformers')
+with async scheduling on and off, with a tiny and a large token budget, and with so few KV blocks
+that preemption happens versus plenty."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from rapid_llm import LLM, SamplingParams
+from tests.e2e.server import wait_gone
+
+NEW_TOKENS = 24
+PROMPT_LENGTHS = (5, 13, 29, 40)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(11)
+    return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint, prompts) -> list[list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                                       min_new_tokens=NEW_TOKENS, pad_token_id=0)
+            outputs.append(generated[0, len(prompt):].tolist())
+    return outputs
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        pytest.param({}, id="async-default"),
+        pytest.param({"disable_async_scheduling": True}, id="lock-step"),
+        pytest.param({"max_num_batched_tokens": 8}, id="tiny-budget-chunked"),
+        pytest.param({"max_num_batched_tokens": 8, "disable_async_scheduling": True}, id="tiny-budget-lock-step"),
+        pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80}, id="preemption"),
+    ],
+)
+def test_greedy_tokens_match_transformers(checkpoint, prompts, expected, engine_args, capfd) -> None:
+    args = {"num_kv_blocks": 128, "log_level": "info", **engine_args}
+    with LLM(model=str(checkpoint), **args) as llm:
+        outputs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == expected
+    assert all(o.finish_reason == "length" for o in outputs)
+    if "block_size" in engine_args:
+        assert "preempt" in capfd.readouterr().err.lower()
+
+
+def test_llm_generates_text_and_leaves_no_process(checkpoint) -> None:
+    llm = LLM(model=str(checkpoint), num_kv_blocks=64)
+    pids = [p.pid for p in llm._engine.processes.values()]
+    outputs = llm.generate(["Hello there", [5, 6, 7]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert len(outputs) == 2
+    assert all(len(o.token_ids) == 6 and o.finish_reason == "length" and isinstance(o.text, str) for o in outputs)
+    assert outputs[0].text == llm.tokenizer.decode(outputs[0].token_ids, skip_special_tokens=True)
+    llm.shutdown()
+    assert wait_gone(pids) == []

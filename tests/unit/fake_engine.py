@@ -1,0 +1,107 @@
+"""An in-process EngineClient for frontend tests: deterministic deltas, recorded requests and aborts.
+
+Each request "generates" one of a few fixed sentences (picked by seed, so n>1 choices with seeds
+differ) followed by EOS, a few tokens per delta, honouring max_tokens (finish "length"), ignore_eos
+and logprobs. Stop strings are the detokenizer's job and are not applied here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from rapid_llm.ipc.messages import SchedulerStats, TextDelta, TokenLogprobs
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.utils.tiny_checkpoint import EOS_TOKEN_ID
+
+REPLIES = (
+    "The capital of France is Paris.",
+    "There are seven days in a week.",
+    "The sea is wide and deep and blue.",
+)
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_name: str = "tiny",
+        model_path: str = "/models/tiny",
+        max_model_len: int = 128,
+        tokens_per_delta: int = 3,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.model_path = model_path
+        self.max_model_len = max_model_len
+        self.tokens_per_delta = tokens_per_delta
+        self.requests: list[tuple[str, list[int], SamplingParams]] = []
+        self.aborted: list[str] = []
+        self.closed_early: list[str] = []  # generators closed before their finishing delta
+        self.healthy = True
+        self.scheduler_stats: SchedulerStats | None = None
+        self.num_cached_tokens = 0
+        self.hold_after: int | None = None  # block forever after this many deltas (client-disconnect tests)
+        self.fail_after: int | None = None  # raise after this many deltas (engine-failure tests)
+
+    def reply_token_ids(self, params: SamplingParams) -> list[int]:
+        reply = self.tokenizer.encode(REPLIES[(params.seed or 0) % len(REPLIES)]) + [EOS_TOKEN_ID]
+        if params.ignore_eos:
+            reply = reply[:-1] * (1 + (params.max_tokens or 0) // max(len(reply) - 1, 1))
+        return reply[: params.max_tokens]
+
+    def _logprobs(self, token_ids: list[int], params: SamplingParams, start: int) -> list[TokenLogprobs | None]:
+        if params.logprobs is None:
+            return []
+        vocab = len(self.tokenizer)
+        return [
+            TokenLogprobs(
+                logprob=-0.125 * (start + i + 1),
+                # The sampled token is the most likely one here, then its neighbours in the vocabulary.
+                top_token_ids=[(token + k) % vocab for k in range(params.logprobs)],
+                top_logprobs=[-0.125 * (start + i + 1) - k for k in range(params.logprobs)],
+            )
+            for i, token in enumerate(token_ids)
+        ]
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TextDelta]:
+        self.requests.append((request_id, prompt_token_ids, params))
+        token_ids = self.reply_token_ids(params)
+        finished = False
+        try:
+            for count, start in enumerate(range(0, len(token_ids), self.tokens_per_delta)):
+                if count == self.hold_after:
+                    await asyncio.Event().wait()
+                if count == self.fail_after:
+                    raise RuntimeError("the fake engine failed")
+                await asyncio.sleep(0)  # let other requests interleave, like a real engine step
+                chunk = token_ids[start : start + self.tokens_per_delta]
+                last = start + len(chunk) == len(token_ids)
+                finish_reason = None
+                if last:
+                    finish_reason = "stop" if chunk[-1] == EOS_TOKEN_ID and not params.ignore_eos else "length"
+                finished = last
+                yield TextDelta(
+                    request_id=request_id,
+                    text=self.tokenizer.decode(chunk, skip_special_tokens=params.skip_special_tokens),
+                    token_ids=chunk,
+                    logprobs=self._logprobs(chunk, params, start),
+                    finish_reason=finish_reason,
+                    num_prompt_tokens=len(prompt_token_ids),
+                    num_cached_tokens=self.num_cached_tokens,
+                )
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> SchedulerStats | None:
+        return self.scheduler_stats
+
+    def is_healthy(self) -> bool:
+        return self.healthy
