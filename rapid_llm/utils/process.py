@@ -24,6 +24,8 @@ def configure_logging(level: str) -> None:
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
+    # A second SIGTERM (e.g. the parent-death signal) must not interrupt the clean-up under way.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)
 
 

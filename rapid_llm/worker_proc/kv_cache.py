@@ -3,6 +3,12 @@
 Each layer gets one tensor [2, num_blocks, block_size, kv_heads, head_dim] (K then V). The
 block count comes from an explicit number, else a byte budget: an explicit one, or on CUDA
 the share of device memory left after the weights, or a fixed default on CPU.
+
+The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a
+CPU) and a block is zeroed when it is handed to a request instead: attention reads a block's
+unwritten tail under a mask, and masked garbage that happened to be NaN or inf would still
+poison the softmax-weighted sum. Block 0 is zeroed up front because block tables are padded
+with it. Once written, blocks only ever hold finite K/V, which a mask handles.
 """
 
 from __future__ import annotations
@@ -51,8 +57,16 @@ def allocate_kv_cache(
         )
     for layer in layers:
         layer.bind(
-            torch.zeros(2, num_blocks, cache_config.block_size, layer.num_kv_heads, layer.head_dim,
+            torch.empty(2, num_blocks, cache_config.block_size, layer.num_kv_heads, layer.head_dim,
                         dtype=dtype, device=device),
             backend,
         )
+    clear_blocks(layers, [0], device)
     return num_blocks
+
+
+def clear_blocks(layers: list[Attention], block_ids: list[int], device: torch.device) -> None:
+    """Zero blocks that were just assigned to a request, in every layer."""
+    index = torch.tensor(block_ids, dtype=torch.int64, device=device)
+    for layer in layers:
+        layer.kv_cache.index_fill_(1, index, 0)

@@ -24,7 +24,7 @@ from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout, select_attention_backend
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.worker_proc.kv_cache import allocate_kv_cache
+from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers, clear_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class ModelRunner:
                     self.device, time.perf_counter() - start)
         self.backend = select_attention_backend(attention_backend)
         self.num_blocks = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
+        self._attention_layers = attention_layers(self.model)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens (attention backend: %s)", self.num_blocks,
                     cache_config.block_size, self.num_blocks * cache_config.block_size, self.backend.name)
         self.sampler = Sampler()
@@ -103,6 +104,11 @@ class ModelRunner:
         if len(token_ids) > self.model_config.max_model_len:
             raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.model_config.max_model_len}")
         self.token_pool[slot, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.int32, device=self.device)
+
+    def clear_blocks(self, block_ids: list[int]) -> None:
+        """Zero newly assigned KV blocks (the cache is allocated uninitialised)."""
+        if block_ids:
+            clear_blocks(self._attention_layers, block_ids, self.device)
 
     def _validate(self, requests: Sequence[ScheduledRequest]) -> None:
         block_size = self.cache_config.block_size

@@ -35,6 +35,7 @@ class Worker:
             prompt = new.token_ids[: new.num_prompt_tokens]
             self.slots[new.slot] = SlotState(new.request_id, prompt, new.token_ids[new.num_prompt_tokens :], new.params)
             self.runner.add_request(new.slot, new.token_ids)
+        self.runner.clear_blocks([block for chunk in plan.scheduled for block in chunk.new_block_ids])
         requests: list[ScheduledRequest] = []
         for chunk in plan.scheduled:
             state = self.slots.get(chunk.slot)

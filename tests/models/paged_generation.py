@@ -49,6 +49,7 @@ def generate(
             num_new = min(remaining, chunk_size) if chunk_size else remaining
             while len(seq.blocks) * block_size < seq.computed + num_new:
                 seq.blocks.append(free_blocks.pop())
+                runner.clear_blocks(seq.blocks[-1:])
             scheduled.append(ScheduledRequest(seq.request_id, int(seq.request_id), seq.prompt, list(seq.output),
                                               seq.computed, num_new, list(seq.blocks), seq.params))
         if scheduled:

@@ -44,6 +44,7 @@ def _paged_prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> list
     ]
     for request in requests:
         runner.add_request(request.slot, request.prompt_token_ids)
+        runner.clear_blocks(list(request.block_table))
     with torch.inference_mode():
         logits = runner.model.compute_logits(runner.forward(requests)).float()
     return list(logits.split([len(p) for p in prompts]))
@@ -139,3 +140,18 @@ def test_sliding_window_matches_transformers(tiny_checkpoint) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     for sequence, prompt in zip(generate(runner, prompts, params, chunk_size=6, stagger=2), prompts):
         assert sequence.output == _hf_greedy(hf, prompt)
+
+
+def test_garbage_in_unassigned_cache_memory_never_leaks(tiny_checkpoint) -> None:
+    """The cache is allocated uninitialised; blocks are zeroed on assignment (block 0, the padding
+    block, at allocation), so even NaN left in memory — read under the mask in a block's
+    unwritten tail — cannot reach the outputs."""
+    checkpoint = tiny_checkpoint("LlamaForCausalLM")
+    runner = _runner(checkpoint, block_size=16)
+    for layer in runner._attention_layers:
+        layer.kv_cache[:, 1:].fill_(float("nan"))
+    hf = _hf_model(checkpoint, torch.float32)
+    prompts = _prompts(runner.model_config.vocab_size, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)
+    for sequence, prompt in zip(generate(runner, prompts, params, stagger=1), prompts):
+        assert sequence.output == _hf_greedy(hf, prompt, new_tokens=8)
