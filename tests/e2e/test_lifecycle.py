@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -73,3 +74,17 @@ def test_no_model_serves_the_built_in_demo(tmp_path) -> None:
     finally:
         server.stop()
     assert (tmp_path / "rapid_llm" / "demo-llama-v1" / "config.json").is_file()
+
+
+def test_a_child_dying_later_brings_the_server_down(checkpoint) -> None:
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+    engine_children = [pid for pid in child_pids(server.process.pid)
+                       if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+    os.kill(engine_children[-1], signal.SIGKILL)
+    try:
+        assert server.process.wait(timeout=30) == 1
+    finally:
+        server.stop()
+    assert "died (exit code -9); shutting the server down" in server.log()
+    assert wait_gone(engine_children) == []
+    assert socket_dirs(server.process.pid) == []
