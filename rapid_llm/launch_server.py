@@ -90,7 +90,7 @@ def _serve(args: Any, started: float) -> int:
         raise
 
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
-                               config.model.max_model_len, engine.is_alive)
+                               config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching)
     app = build_app(manager, api_key=args.api_key)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=args.log_level == "debug", loop="none"))

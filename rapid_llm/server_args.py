@@ -53,14 +53,25 @@ class ServerArgs:
     api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer KEY'."})
     disable_async_scheduling: bool = field(default=False, metadata={"help": "Plan each step only after the "
                                            "previous one finished (lock-step)."})
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse the KV cache of full blocks that "
+                                        "match earlier requests' tokens (automatic prefix caching).",
+                                        "off_flag": "--disable-prefix-caching"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+    def add_cli_args(cls, parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                     exclude: frozenset[str] = frozenset()) -> None:
+        """Add one flag per field (the benchmarks reuse this, leaving out HTTP-only fields)."""
         for item in dataclasses.fields(cls):
+            if item.name in exclude:
+                continue
             flag = "--" + item.name.replace("_", "-")
             if item.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=item.metadata["help"])
+                parser.add_argument(flag, action="store_true", default=item.default,
+                                    help=f"{item.metadata['help']} (default: {'on' if item.default else 'off'})")
+                if "off_flag" in item.metadata:
+                    parser.add_argument(item.metadata["off_flag"], dest=item.name, action="store_false",
+                                        help=f"Turn {flag} off.")
                 continue
             kind = {"int": int, "int | None": int, "float": float}.get(str(item.type), str)
             parser.add_argument(flag, type=kind, default=item.default,
@@ -96,6 +107,7 @@ class ServerArgs:
             max_num_batched_tokens=self.max_num_batched_tokens or default_budget,
             eos_token_ids=model.eos_token_ids,
             async_scheduling=not self.disable_async_scheduling,
+            enable_prefix_caching=self.enable_prefix_caching,
         ).validate()
         return EngineConfig(
             model=model,

@@ -10,6 +10,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     `max_num_batched_tokens` is the one token budget per step; prompts longer than what is left of
     it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache.
+    `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
     """
 
     max_model_len: int
@@ -19,6 +20,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_kv_blocks: int = 0
     eos_token_ids: tuple[int, ...] = ()
     async_scheduling: bool = True
+    enable_prefix_caching: bool = True
 
     def validate(self) -> "SchedulerConfig":
         if self.max_num_seqs < 1:

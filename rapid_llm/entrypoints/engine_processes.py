@@ -98,6 +98,8 @@ class EngineProcesses:
             dead = wait(list(by_sentinel))
             if not self._stopping.is_set():
                 name = by_sentinel[dead[0]]
+                # The sentinel fires as the child exits, a moment before its exit code can be read.
+                self.processes[name].join(STOP_TIMEOUT_S)
                 on_death(name, self.processes[name].exitcode)
 
         threading.Thread(target=watcher, name="engine-watcher", daemon=True).start()

@@ -33,11 +33,13 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass
 class RequestOutput:
-    """One prompt's result; `.text`, `.token_ids`, `.finish_reason` are those of the first choice."""
+    """One prompt's result; `.text`, `.token_ids`, `.finish_reason`, `.num_cached_tokens` are those of
+    the first choice."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -54,6 +56,10 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.outputs[0].num_cached_tokens
 
 
 class LLM:
@@ -135,6 +141,7 @@ class LLM:
                 choice.text += delta.text
                 choice.token_ids += delta.token_ids
                 choice.logprobs += delta.logprobs
+                choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
                 if delta.finish_reason is not None:
                     choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
                     unfinished.discard(delta.request_id)

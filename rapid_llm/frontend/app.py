@@ -1,8 +1,9 @@
-"""The Starlette app: OpenAI routes plus /health, /version and /metrics over one EngineClient.
+"""The Starlette app: OpenAI routes plus /health, /version, /metrics and /flush_cache over one EngineClient.
 
 Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
 INFO line (no traceback), server faults with their traceback -- and the API key, when set, guards
-only /v1/* so that probes and Prometheus scrapes need no secret (as in vLLM).
+only /v1/* and the state-changing /flush_cache, so that probes and Prometheus scrapes need no secret
+(as in vLLM).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rapid_llm
 from rapid_llm.frontend.engine_client import EngineClient
-from rapid_llm.frontend.errors import OpenAIError
+from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from rapid_llm.frontend.serving_chat import create_chat_completion
 from rapid_llm.frontend.serving_common import Serving, json_response
@@ -31,6 +32,7 @@ from rapid_llm.frontend.serving_completions import create_completion
 logger = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+_GUARDED_PATHS = ("/v1", "/flush_cache")
 
 
 def _client_error(request: Request, error: OpenAIError) -> Response:
@@ -59,14 +61,14 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 class _ApiKeyMiddleware:
-    """Rejects /v1/* requests without `Authorization: Bearer <api_key>` with a 401."""
+    """Rejects /v1/* and /flush_cache requests without `Authorization: Bearer <api_key>` with a 401."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+        if scope["type"] == "http" and scope["path"].startswith(_GUARDED_PATHS) and scope["method"] != "OPTIONS":
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not secrets.compare_digest(given, self.expected):
                 error = OpenAIError(401, "Invalid or missing API key.", code="invalid_api_key")
@@ -76,8 +78,16 @@ class _ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+async def flush_cache(serving: Serving, request: Request) -> Response:
+    """POST /flush_cache: empty the prefix cache (SGLang's route); refused while requests run."""
+    serving.check_engine()
+    if not await serving.engine.flush_cache():
+        raise bad_request("cannot flush the prefix cache while requests are running; retry when idle")
+    return json_response({"flushed": True})
+
+
 def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
-    """The HTTP app serving `engine`; `api_key` (if given) is required on every /v1 route."""
+    """The HTTP app serving `engine`; `api_key` (if given) is required on every /v1 route and /flush_cache."""
     serving = Serving(engine, FrontendMetrics(engine.model_name))
     created = int(time.time())
 
@@ -110,6 +120,7 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/flush_cache", _guarded(flush_cache, serving), methods=["POST"]),
     ]
     middleware = [Middleware(_ApiKeyMiddleware, api_key=api_key)] if api_key else []
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception})

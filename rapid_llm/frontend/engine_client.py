@@ -17,6 +17,7 @@ class EngineClient(Protocol):
     model_path: str  # the checkpoint directory (reported as "root")
     max_model_len: int
     tokenizer: Any  # a transformers PreTrainedTokenizerBase (encode, decode, apply_chat_template)
+    enable_prefix_caching: bool  # whether responses report cached prompt tokens
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> AsyncIterator[TextDelta]:
         """Yield the request's deltas until one carries a finish_reason.
@@ -26,6 +27,9 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its iterator then ends with finish_reason "abort"."""
+
+    async def flush_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing flushed) while requests are running."""
 
     def stats(self) -> SchedulerStats | None:
         """The scheduler's latest counts (None before the first report)."""

@@ -1,16 +1,20 @@
 """Prometheus metrics for /metrics, named like vLLM's (`vllm:` -> `rapid_llm:`).
 
 Key design choice: each app owns its CollectorRegistry (several apps in one test process never
-collide), scheduler gauges are refreshed from `engine.stats()` at scrape time, and latencies are
-observed in the frontend from delta arrival times -- what a client would measure, minus the network.
+collide), scheduler gauges and counters are refreshed from `engine.stats()` at scrape time (the
+scheduler keeps the cumulative counts, so a counter is exported as its latest total), and latencies
+are observed in the frontend from delta arrival times -- what a client would measure, minus the network.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from rapid_llm.ipc.messages import SchedulerStats, TextDelta
 
@@ -22,6 +26,25 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
                 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_NO_STATS = SchedulerStats(num_running=0, num_waiting=0, kv_blocks_used=0, kv_blocks_total=0)
+
+
+class _SchedulerCounters(Collector):
+    """Counters whose totals the scheduler keeps: exported as the latest snapshot's values."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats = _NO_STATS
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, doc, value in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", self.stats.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", self.stats.prefix_cache_hits),
+        ):
+            family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
 
 
 class FrontendMetrics:
@@ -43,7 +66,8 @@ class FrontendMetrics:
 
         self.num_running = gauge("num_requests_running", "Requests the scheduler is running.")
         self.num_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_blocks_used = gauge("kv_cache_blocks_used", "KV cache blocks in use.")
+        self.kv_blocks_used = gauge("kv_cache_blocks_used", "KV cache blocks referenced by requests (blocks that "
+                                    "only cache a prefix count as free).")
         self.kv_blocks_total = gauge("kv_cache_blocks_total", "KV cache blocks in the pool.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that started generating.")
@@ -55,13 +79,16 @@ class FrontendMetrics:
                              _E2E_BUCKETS)
         self._success = Counter("rapid_llm:request_success", "Finished choices by finish reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
+        self._scheduler_counters = _SchedulerCounters(model_name)
+        self.registry.register(self._scheduler_counters)
 
     def count_finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()
 
     def render(self, stats: SchedulerStats | None) -> bytes:
-        """The exposition text, with the scheduler gauges set from `stats` (zeros before any report)."""
-        stats = stats or SchedulerStats(num_running=0, num_waiting=0, kv_blocks_used=0, kv_blocks_total=0)
+        """The exposition text, with the scheduler's numbers taken from `stats` (zeros before any report)."""
+        stats = stats or _NO_STATS
+        self._scheduler_counters.stats = stats
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.kv_blocks_used.set(stats.kv_blocks_used)

@@ -105,12 +105,13 @@ def json_response(payload: object) -> Response:
     return Response(msgspec.json.encode(payload), media_type="application/json")
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """The OpenAI usage object; `cached_tokens` None (no prefix cache) leaves out the details."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens else None,
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
     }
 
 
@@ -123,10 +124,13 @@ class Serving:
         self.token_strings = TokenStrings(engine.tokenizer)
         self.vocab_size = len(engine.tokenizer)
 
-    async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
+    def check_engine(self) -> None:
         if not self.engine.is_healthy():
             # A dead engine would never answer; fail fast instead of hanging the client.
             raise OpenAIError(503, "the engine is not running; see the server log")
+
+    async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
+        self.check_engine()
         body = decode_request(await request.body(), request_type)
         check_model(body.model, self.engine.model_name)
         return body
@@ -186,8 +190,7 @@ class Serving:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
         completion_tokens = sum(len(out.token_ids) for out in outputs)
-        # Prompt tokens count once for all choices, so cached ones do too: those cached for every choice.
-        cached_tokens = min(out.num_cached_tokens for out in outputs)
+        cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs])
         return json_response(
             {
                 **envelope,
@@ -195,6 +198,13 @@ class Serving:
                 "usage": usage(len(prompt_ids), completion_tokens, cached_tokens),
             }
         )
+
+    def _cached_tokens(self, per_choice: list[int]) -> int | None:
+        """Cached prompt tokens for the usage object; None when the engine has no prefix cache."""
+        if not self.engine.enable_prefix_caching:
+            return None
+        # Prompt tokens count once for all choices, so cached ones do too: those cached for every choice.
+        return min(per_choice)
 
     async def _collect(
         self, request_id: str, prompt_ids: list[int], per_choice: list[SamplingParams]
@@ -242,7 +252,7 @@ class Serving:
             yield DONE_EVENT
             return
         if include_usage:
-            total = usage(len(prompt_ids), completion_tokens, min(cached))
+            total = usage(len(prompt_ids), completion_tokens, self._cached_tokens(cached))
             yield sse_event({**envelope, "choices": [], "usage": total})
         yield DONE_EVENT
 

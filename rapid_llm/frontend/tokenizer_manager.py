@@ -1,36 +1,48 @@
 """TokenizerManager: the frontend's EngineClient over ZeroMQ.
 
 Requests go to the scheduler; text comes back from the detokenizer and is routed to one asyncio
-queue per request by a single reader task; scheduler stats arrive on their own channel and
-are kept as the latest snapshot for /metrics. Closing a request's iterator early (client gone)
-sends an abort, so its KV blocks are freed at once.
+queue per request by a single reader task. The scheduler's own channel carries stats, kept as the
+latest snapshot for /metrics, and replies to cache flushes, matched to their waiting callers by id.
+Closing a request's iterator early (client gone) sends an abort, so its KV blocks are freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any, AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
 
-from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, SchedulerStats, TextBatch, TextDelta
+from rapid_llm.ipc.messages import (
+    AbortRequest,
+    FlushCache,
+    GenerateRequest,
+    SchedulerStats,
+    SchedulerToFrontend,
+    TextBatch,
+    TextDelta,
+)
 from rapid_llm.ipc.sockets import AsyncReceiver, IpcPaths, Sender
 from rapid_llm.sampling import SamplingParams
 
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Any, model_name: str, model_path: str, max_model_len: int,
-                 engine_alive: Callable[[], bool]) -> None:
+                 engine_alive: Callable[[], bool], enable_prefix_caching: bool) -> None:
         self.paths = paths
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
         self._engine_alive = engine_alive
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
         self._stats: SchedulerStats | None = None
+        self._flushes: dict[int, asyncio.Future[bool]] = {}
+        self._flush_ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -41,9 +53,10 @@ class TokenizerManager:
         self._sync_context = zmq.Context()
         self._to_scheduler = Sender(self._sync_context, self.paths.frontend_to_scheduler)
         texts: AsyncReceiver[TextBatch] = AsyncReceiver(self._context, self.paths.detokenizer_to_frontend, TextBatch)
-        stats: AsyncReceiver[SchedulerStats] = AsyncReceiver(self._context, self.paths.scheduler_to_frontend,
-                                                             SchedulerStats)
-        self._tasks = [asyncio.create_task(self._route_texts(texts)), asyncio.create_task(self._keep_stats(stats))]
+        scheduler: AsyncReceiver[SchedulerToFrontend] = AsyncReceiver(
+            self._context, self.paths.scheduler_to_frontend, SchedulerToFrontend)
+        self._tasks = [asyncio.create_task(self._route_texts(texts)),
+                       asyncio.create_task(self._route_scheduler_messages(scheduler))]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -59,9 +72,15 @@ class TokenizerManager:
                 if queue is not None:
                     queue.put_nowait(delta)
 
-    async def _keep_stats(self, receiver: AsyncReceiver[SchedulerStats]) -> None:
+    async def _route_scheduler_messages(self, receiver: AsyncReceiver[SchedulerToFrontend]) -> None:
         while True:
-            self._stats = await receiver.recv()
+            message = await receiver.recv()
+            if isinstance(message, SchedulerStats):
+                self._stats = message
+                continue
+            future = self._flushes.get(message.request_id)
+            if future is not None and not future.done():
+                future.set_result(message.flushed)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[TextDelta]:
@@ -83,6 +102,16 @@ class TokenizerManager:
 
     async def abort(self, request_id: str) -> None:
         self._to_scheduler.send(AbortRequest(request_id))
+
+    async def flush_cache(self) -> bool:
+        request_id = next(self._flush_ids)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._flushes[request_id] = future
+        try:
+            self._to_scheduler.send(FlushCache(request_id))
+            return await future
+        finally:
+            del self._flushes[request_id]
 
     def stats(self) -> SchedulerStats | None:
         return self._stats

@@ -1,8 +1,9 @@
 """Every message that crosses a process boundary, as msgspec Structs (no pickle anywhere).
 
-Flow: frontend -> scheduler (GenerateRequest, AbortRequest); scheduler -> worker ranks (StepPlan,
-Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> detokenizer
-(TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats).
+Flow: frontend -> scheduler (GenerateRequest, AbortRequest, FlushCache); scheduler -> worker ranks
+(StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> detokenizer
+(TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats,
+FlushCacheResult).
 Scheduler -> worker traffic carries per-step deltas (new requests, tokens to compute, new blocks,
 released slots), never whole request states. Each channel decodes one tagged union type.
 """
@@ -36,6 +37,12 @@ class AbortRequest(_Message):
     request_id: str
 
 
+class FlushCache(_Message):
+    """Empty the prefix cache; answered by a FlushCacheResult with the same id."""
+
+    request_id: int
+
+
 # ---- scheduler -> worker ---------------------------------------------------------------------
 
 
@@ -53,12 +60,19 @@ class NewRequest(_Part):
 
 
 class ScheduledChunk(_Part):
-    """Compute tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of the request in `slot`."""
+    """Compute tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of the request in `slot`.
+
+    Both block lists extend the slot's block table, `cached_block_ids` first. `new_block_ids` are
+    freshly allocated and must be zeroed before use; `cached_block_ids` are prefix-cache hits (only
+    on a request's first chunk after admission) whose KV another request wrote -- or an earlier or
+    this same step is writing -- so they must be left as they are.
+    """
 
     slot: int
     num_computed_tokens: int
     num_new_tokens: int
     new_block_ids: list[int] = []
+    cached_block_ids: list[int] = []
 
 
 class StepPlan(_Message):
@@ -145,11 +159,19 @@ class TextBatch(_Message):
 class SchedulerStats(_Message):
     num_running: int
     num_waiting: int
-    kv_blocks_used: int
+    kv_blocks_used: int  # referenced by a request; blocks that only cache a prefix count as free
     kv_blocks_total: int
     num_preemptions: int = 0  # since start
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admissions, since start
+    prefix_cache_hits: int = 0  # of those, tokens found cached
 
 
-FrontendToScheduler = GenerateRequest | AbortRequest
+class FlushCacheResult(_Message):
+    request_id: int
+    flushed: bool  # False: requests were running, nothing was flushed
+
+
+FrontendToScheduler = GenerateRequest | AbortRequest | FlushCache
+SchedulerToFrontend = SchedulerStats | FlushCacheResult
 SchedulerToWorker = StepPlan | Shutdown
 WorkerToScheduler = WorkerReady | WorkerFailed | StepResult

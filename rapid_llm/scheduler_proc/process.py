@@ -1,6 +1,6 @@
 """Scheduler process: the event loop around `Scheduler`, one step ahead of the worker.
 
-Loop: take new requests and aborts, send plans until `depth` are in flight (2 with async
+Loop: take new requests, aborts and cache flushes, send plans until `depth` are in flight (2 with async
 scheduling: plan n+1 goes out while the worker computes n; 1 in lock-step), then block on the
 sockets until the next result or request arrives. Blocking in `poll` is what keeps an idle
 scheduler at 0% CPU; it never sleeps on a timer and never spins.
@@ -19,6 +19,8 @@ import zmq
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (
     AbortRequest,
+    FlushCache,
+    FlushCacheResult,
     FrontendToScheduler,
     GenerateRequest,
     SchedulerStats,
@@ -99,6 +101,9 @@ class SchedulerLoop:
                                                                           finish_reason="abort")]))
             elif isinstance(message, AbortRequest):
                 self.scheduler.abort_request(message.request_id)
+            elif isinstance(message, FlushCache):
+                # A blocking send, unlike stats: the frontend is waiting for this reply.
+                self.frontend.send(FlushCacheResult(message.request_id, self.scheduler.reset_prefix_cache()))
 
     def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult) -> None:
         if isinstance(message, WorkerFailed):

@@ -2,7 +2,8 @@
 
 Tokens that steps still in flight will sample are counted as placeholders, so a request can be
 planned again before their ids are known. `epoch` changes on every preemption, so a result planned
-before it can be recognised and dropped.
+before it can be recognised and dropped. Block hashes depend on the tokens only, so they are
+computed once and survive preemption.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import enum
 
 from rapid_llm.ipc.messages import GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
 
 
 class RequestStatus(enum.Enum):
@@ -21,7 +23,7 @@ class RequestStatus(enum.Enum):
 class RequestState:
     """One request's progress; the scheduler moves it between its queues."""
 
-    def __init__(self, request: GenerateRequest, max_model_len: int) -> None:
+    def __init__(self, request: GenerateRequest, max_model_len: int, block_size: int) -> None:
         self.request_id = request.request_id
         self.prompt_token_ids = request.prompt_token_ids
         self.params = request.params
@@ -33,6 +35,16 @@ class RequestState:
         self.num_placeholders = 0
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_size = block_size
+        # How many of block_ids have been offered to the prefix cache (registered or found there).
+        self.num_registered_blocks = 0
+        # Prompt tokens served from the prefix cache at the first admission (None before it); what
+        # the client is told, whatever later resumptions after preemption find.
+        self.num_cached_tokens: int | None = None
+        # Anything besides the tokens that changes the KV (a LoRA adapter id, a cache salt) keys the
+        # prefix cache too; requests carry none yet.
+        self.extra_cache_key: str | None = None
+        self._block_hashes: list[BlockHash] = []
         self.slot: int | None = None
         self.epoch = 0
         self.finish_reason: str | None = None
@@ -50,6 +62,11 @@ class RequestState:
         return len(self.output_token_ids) + self.num_placeholders
 
     @property
+    def num_known_tokens(self) -> int:
+        """Prompt plus the outputs whose ids have arrived."""
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus outputs, placeholders included: what the worker will know after in-flight steps."""
         return self.num_prompt_tokens + self.num_output_tokens
@@ -64,6 +81,27 @@ class RequestState:
 
     def known_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def block_hashes(self, num_blocks: int) -> list[BlockHash]:
+        """The chained hashes of (at least) the first `num_blocks` full blocks of known tokens."""
+        if num_blocks * self.block_size > self.num_known_tokens:
+            raise ValueError(f"request {self.request_id}: {num_blocks} full blocks need "
+                             f"{num_blocks * self.block_size} tokens, {self.num_known_tokens} are known")
+        while len(self._block_hashes) < num_blocks:
+            start = len(self._block_hashes) * self.block_size
+            parent = self._block_hashes[-1] if self._block_hashes else None
+            tokens = self._known_token_slice(start, start + self.block_size)
+            self._block_hashes.append(hash_block(parent, tokens, self.extra_cache_key))
+        return self._block_hashes
+
+    def _known_token_slice(self, start: int, end: int) -> list[int]:
+        """known_token_ids()[start:end] without copying the whole sequence."""
+        split = self.num_prompt_tokens
+        if end <= split:
+            return self.prompt_token_ids[start:end]
+        if start >= split:
+            return self.output_token_ids[start - split : end - split]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - split]
 
     def add_sampled_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
         """The real id of the oldest placeholder has arrived."""
@@ -80,8 +118,7 @@ class RequestState:
             return "stop", token_id
         if token_id in eos_token_ids and not self.params.ignore_eos:
             return "stop", None
-        real_length = self.num_prompt_tokens + len(self.output_token_ids)
-        if len(self.output_token_ids) >= self.max_tokens or real_length >= self.max_model_len:
+        if len(self.output_token_ids) >= self.max_tokens or self.num_known_tokens >= self.max_model_len:
             return "length", None
         return None
 
@@ -91,6 +128,7 @@ class RequestState:
         self.num_placeholders = 0
         self.num_computed_tokens = 0
         self.block_ids = []
+        self.num_registered_blocks = 0
         self.slot = None
         self.epoch += 1
 
@@ -103,6 +141,7 @@ class RequestState:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens or 0,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []

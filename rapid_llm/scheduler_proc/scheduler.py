@@ -3,6 +3,8 @@
 Pure bookkeeping: no sockets, no tensors. A plan may be made before the previous step's tokens are
 known (async scheduling), so every plan records which request, in which preemption epoch, held each
 sampling slot; results are mapped through that record and land on the right request or are dropped.
+With prefix caching, a request is admitted with the longest run of cached full blocks that matches
+its tokens and computes only the rest.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Scheduler:
             )
         self.config = config
         self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self._prefix_cache_queries = 0  # tokens looked up at admissions, since start
+        self._prefix_cache_hits = 0  # of those, tokens found cached
         self._free_slots = list(range(config.max_num_seqs))  # a sorted list is already a heap
         self._released_slots: list[int] = []
         self._requests: dict[str, RequestState] = {}
@@ -83,7 +87,7 @@ class Scheduler:
             )
         if request.params.max_tokens is not None and request.params.max_tokens < 1:
             raise ValueError(f"request {request.request_id}: max_tokens must be at least 1")
-        state = RequestState(request, self.config.max_model_len)
+        state = RequestState(request, self.config.max_model_len, self.config.block_size)
         self._requests[request.request_id] = state
         self._waiting.append(state)
         self._detokenize_requests.append(
@@ -127,11 +131,12 @@ class Scheduler:
         index = 0
         while index < len(self._running) and draft.budget > 0:
             request = self._running[index]
-            num_new = self._num_new_tokens(request, draft.budget)
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, draft.budget)
             if num_new == 0:
                 index += 1
                 continue
-            while not self._blocks.can_allocate(self._num_new_blocks(request, num_new)):
+            num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
+            while not self._blocks.can_allocate(num_blocks):
                 # The newest running request is always at or after `index`: not yet scheduled here.
                 victim = self._running[-1]
                 self._preempt(victim)
@@ -145,11 +150,16 @@ class Scheduler:
     def _schedule_waiting(self, draft: _PlanDraft) -> None:
         while self._waiting and draft.budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
-            num_new = self._num_new_tokens(request, draft.budget)
+            hits = self._prefix_hits(request)
+            num_computed = len(hits) * self.config.block_size
+            num_new = self._num_new_tokens(request, num_computed, draft.budget)
+            # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
+            num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
             # FCFS: nobody overtakes a request that cannot be admitted yet.
-            if num_new == 0 or not self._blocks.can_allocate(self._num_new_blocks(request, num_new)):
+            if num_new == 0 or not self._blocks.can_allocate(num_blocks):
                 return
             self._waiting.popleft()
+            self._take_prefix_hits(request, hits)
             request.status = RequestStatus.RUNNING
             request.slot = heapq.heappop(self._free_slots)
             self._running.append(request)
@@ -162,32 +172,87 @@ class Scheduler:
                     params=request.params,
                 )
             )
-            self._add_chunk(draft, request, num_new)
+            self._add_chunk(draft, request, num_new, cached_block_ids=hits)
 
-    def _num_new_tokens(self, request: RequestState, budget: int) -> int:
+    def _num_new_tokens(self, request: RequestState, num_computed: int, budget: int) -> int:
         """Tokens to compute for `request` this step; 0 when its next sample would pass a limit."""
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-        reaches_end = request.num_computed_tokens + num_new == request.num_tokens
+        num_new = min(request.num_tokens - num_computed, budget)
+        reaches_end = num_computed + num_new == request.num_tokens
         if reaches_end and not request.can_sample():
             return 0
         return num_new
 
-    def _num_new_blocks(self, request: RequestState, num_new: int) -> int:
+    def _num_new_blocks(self, num_computed: int, num_held: int, num_new: int) -> int:
         # The blocks held always cover exactly the computed tokens, so this is never negative.
-        return self._blocks.blocks_for_tokens(request.num_computed_tokens + num_new) - len(request.block_ids)
+        return self._blocks.blocks_for_tokens(num_computed + num_new) - num_held
 
-    def _add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int) -> None:
+    def _add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int,
+                   cached_block_ids: list[int] | None = None) -> None:
         if request.slot is None:
             raise RuntimeError(f"request {request.request_id} is scheduled without a slot")
-        new_block_ids = self._blocks.allocate(self._num_new_blocks(request, num_new))
+        num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
+        new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
-        draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids))
+        draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
+                                           cached_block_ids or []))
         request.num_computed_tokens += num_new
         draft.budget -= num_new
+        self._register_full_blocks(request)
         if request.num_computed_tokens == request.num_tokens:
             # The worker samples here; the next plan may already decode that token from its pool.
             request.num_placeholders += 1
             draft.samplers[request.slot] = (request, request.epoch)
+
+    # ---- prefix cache ------------------------------------------------------------------------
+
+    def _prefix_hits(self, request: RequestState) -> list[int]:
+        """The cached blocks a waiting request can start from (not taken yet)."""
+        if not self.config.enable_prefix_caching:
+            return []
+        # At least one token is always computed, so that the step has logits to sample from; a
+        # block that token falls in is written, and a block being written is never shared.
+        max_blocks = (request.num_tokens - 1) // self.config.block_size
+        return self._blocks.lookup(request.block_hashes(max_blocks)[:max_blocks])
+
+    def _take_prefix_hits(self, request: RequestState, hits: list[int]) -> None:
+        num_cached = len(hits) * self.config.block_size
+        self._blocks.share(hits)
+        request.block_ids = list(hits)
+        request.num_registered_blocks = len(hits)
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        if self.config.enable_prefix_caching:
+            # Counted per admission, like vLLM: a request resumed after preemption looks up again.
+            self._prefix_cache_queries += request.num_tokens
+            self._prefix_cache_hits += num_cached
+
+    def _register_full_blocks(self, request: RequestState) -> None:
+        """Offer the request's newly full blocks to the prefix cache.
+
+        A block qualifies once its tokens are all real (no placeholder) and its KV is scheduled: prompt
+        blocks when planned, output blocks when the sampled ids arrive. Its KV may still be computed
+        by a step in flight (or by the very step that plans to read it) when another request's plan
+        reuses it. That is safe: the worker executes plans in order, and within a step every layer
+        writes the new K/V of all sequences before any sequence attends, so a reader never runs ahead
+        of the writer.
+        """
+        if not self.config.enable_prefix_caching:
+            return
+        num_full = min(request.num_computed_tokens, request.num_known_tokens) // self.config.block_size
+        if num_full <= request.num_registered_blocks:
+            return
+        hashes = request.block_hashes(num_full)
+        for index in range(request.num_registered_blocks, num_full):
+            self._blocks.cache_block(request.block_ids[index], hashes[index])
+        request.num_registered_blocks = num_full
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while any request is unfinished."""
+        if self.has_unfinished_requests():
+            return False
+        self._blocks.reset_cache()
+        return True
 
     def _preempt(self, request: RequestState) -> None:
         self._num_preemptions += 1
@@ -208,6 +273,7 @@ class Scheduler:
             if request.is_finished or request.epoch != epoch:
                 continue
             request.add_sampled_token(token_id, result.logprobs[index] if result.logprobs else None)
+            self._register_full_blocks(request)
             self._updated[request] = None
             finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
             if finish is not None:
@@ -252,8 +318,11 @@ class Scheduler:
         self._updated[request] = None
 
     def _release_resources(self, request: RequestState) -> None:
-        """Free blocks now (the worker runs steps in order, so no later step reads them) and the slot."""
-        self._blocks.free(request.block_ids)
+        """Free blocks now (the worker runs steps in order, so no later step reads them) and the slot.
+
+        Full blocks stay cached; freeing the last block first makes the prefix's tail evicted first.
+        """
+        self._blocks.free(reversed(request.block_ids))
         request.block_ids = []
         if request.slot is not None:
             heapq.heappush(self._free_slots, request.slot)
@@ -269,6 +338,8 @@ class Scheduler:
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             num_preemptions=self._num_preemptions,
+            prefix_cache_queries=self._prefix_cache_queries,
+            prefix_cache_hits=self._prefix_cache_hits,
         )
 
     @property

@@ -5,10 +5,11 @@ block count comes from an explicit number, else a byte budget: an explicit one, 
 the share of device memory left after the weights, or a fixed default on CPU.
 
 The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a
-CPU) and a block is zeroed when it is handed to a request instead: attention reads a block's
-unwritten tail under a mask, and masked garbage that happened to be NaN or inf would still
-poison the softmax-weighted sum. Block 0 is zeroed up front because block tables are padded
-with it. Once written, blocks only ever hold finite K/V, which a mask handles.
+CPU) and a block is zeroed when it is freshly allocated to a request instead: attention reads a
+block's unwritten tail under a mask, and masked garbage that happened to be NaN or inf would
+still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they hold the KV being
+reused. Block 0 is zeroed up front because block tables are padded with it. Once written, blocks
+only ever hold finite K/V, which a mask handles.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def allocate_kv_cache(
 
 
 def clear_blocks(layers: list[Attention], block_ids: list[int], device: torch.device) -> None:
-    """Zero blocks that were just assigned to a request, in every layer."""
+    """Zero blocks that were just freshly allocated to a request, in every layer."""
     index = torch.tensor(block_ids, dtype=torch.int64, device=device)
     for layer in layers:
         layer.kv_cache.index_fill_(1, index, 0)

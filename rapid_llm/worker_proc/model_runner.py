@@ -106,7 +106,7 @@ class ModelRunner:
         self.token_pool[slot, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.int32, device=self.device)
 
     def clear_blocks(self, block_ids: list[int]) -> None:
-        """Zero newly assigned KV blocks (the cache is allocated uninitialised)."""
+        """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
         if block_ids:
             clear_blocks(self._attention_layers, block_ids, self.device)
 

@@ -8,6 +8,7 @@ scheduler as WorkerFailed before the process exits, so the server stops instead 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from multiprocessing.connection import Connection
 
@@ -42,6 +43,9 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
     while True:
         message = plans.recv()
         if isinstance(message, Shutdown):
+            # The launcher's SIGTERM follows the scheduler's Shutdown; it must not interrupt the exit.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            context.destroy(linger=0)
             return
         try:
             result = worker.execute_plan(message)

@@ -1,8 +1,9 @@
 """Worker: applies the scheduler's per-step deltas to its own request states and runs the step.
 
 The scheduler sends only what changed (released slots, new or resumed requests, tokens to
-compute and newly allocated blocks). The worker keeps each slot's tokens, block table and
-sampling parameters, so a step message stays small however long the requests are.
+compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed). The worker
+keeps each slot's tokens, block table and sampling parameters, so a step message stays small
+however long the requests are.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ class Worker:
             prompt = new.token_ids[: new.num_prompt_tokens]
             self.slots[new.slot] = SlotState(new.request_id, prompt, new.token_ids[new.num_prompt_tokens :], new.params)
             self.runner.add_request(new.slot, new.token_ids)
+        # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
         self.runner.clear_blocks([block for chunk in plan.scheduled for block in chunk.new_block_ids])
         requests: list[ScheduledRequest] = []
         for chunk in plan.scheduled:
             state = self.slots.get(chunk.slot)
             if state is None:
                 raise ValueError(f"step {plan.step_id} schedules slot {chunk.slot}, which holds no request")
+            state.block_table.extend(chunk.cached_block_ids)
             state.block_table.extend(chunk.new_block_ids)
             requests.append(ScheduledRequest(
                 request_id=state.request_id,

@@ -10,6 +10,7 @@ import pytest
 from tests.e2e.server import ServerProcess
 
 API_KEY = "test-key"
+SERVER_MAX_MODEL_LEN = 2048
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +19,14 @@ def checkpoint(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def server(checkpoint) -> Iterator[ServerProcess]:
-    process = ServerProcess("--model", str(checkpoint), "--served-model-name", "tiny", "--api-key", API_KEY,
+def server_checkpoint(tiny_checkpoint):
+    """The same weights and tokenizer, with room for the ~1000-token prompts of the prefix-cache tests."""
+    return tiny_checkpoint("LlamaForCausalLM", max_position_embeddings=SERVER_MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="session")
+def server(server_checkpoint) -> Iterator[ServerProcess]:
+    process = ServerProcess("--model", str(server_checkpoint), "--served-model-name", "tiny", "--api-key", API_KEY,
                             "--num-kv-blocks", "256", "--max-num-seqs", "64", "--log-level", "warning")
     yield process
     process.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -84,6 +85,26 @@ class ServerProcess:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
+
+    def metrics(self) -> dict[str, float]:
+        """The rapid_llm:* samples of /metrics, by name (labels dropped)."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=5).text
+        values = {}
+        for line in text.splitlines():
+            match = re.match(r"^(rapid_llm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
+            if match:
+                values[match.group(1)] = float(match.group(2))
+        return values
+
+    def wait_until_idle(self, timeout: float = 5.0) -> dict[str, float]:
+        """/metrics once no request runs and no KV block is referenced (an abort gets there a moment later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            metrics = self.metrics()
+            idle = metrics["rapid_llm:kv_cache_blocks_used"] == 0 and metrics["rapid_llm:num_requests_running"] == 0
+            if idle or time.monotonic() > deadline:
+                return metrics
+            time.sleep(0.05)
 
     def log(self) -> str:
         if not self._log.closed:

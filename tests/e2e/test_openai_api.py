@@ -4,26 +4,15 @@ seeds, n, logprobs, concurrency and aborts."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.e2e.conftest import API_KEY
+from tests.e2e.conftest import API_KEY, SERVER_MAX_MODEL_LEN
 
 PROMPT = "The server reads a request and"
-
-
-def _metrics(base_url: str) -> dict[str, float]:
-    text = httpx.get(f"{base_url}/metrics", timeout=5).text
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^(rapid_llm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if match:
-            values[match.group(1)] = float(match.group(2))
-    return values
 
 
 def test_completion_usage_counts_are_exact(client: openai.OpenAI, checkpoint) -> None:
@@ -120,11 +109,7 @@ def test_abort_mid_stream_frees_every_block(server, client: openai.OpenAI) -> No
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
-    for _ in range(100):
-        metrics = _metrics(server.base_url)
-        if metrics["rapid_llm:kv_cache_blocks_used"] == 0 and metrics["rapid_llm:num_requests_running"] == 0:
-            break
-        asyncio.run(asyncio.sleep(0.05))
+    metrics = server.wait_until_idle()
     assert metrics["rapid_llm:kv_cache_blocks_used"] == 0
     assert metrics["rapid_llm:kv_cache_blocks_total"] == 256
     assert metrics["rapid_llm:num_requests_running"] == 0
@@ -134,7 +119,7 @@ def test_models_health_version(server) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = httpx.get(f"{server.base_url}/v1/models", headers=headers).json()
     entry = models["data"][0]
-    assert entry["id"] == "tiny" and entry["object"] == "model" and entry["max_model_len"] == 512
+    assert entry["id"] == "tiny" and entry["object"] == "model" and entry["max_model_len"] == SERVER_MAX_MODEL_LEN
     assert {"created", "owned_by", "root"} <= set(entry)
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/version").json()["version"]
@@ -159,7 +144,7 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, cli
     if param is not None:
         assert error["param"] == param
     if body.get("max_tokens") == 100000:
-        assert "512" in error["message"] and "100000" in error["message"]
+        assert str(SERVER_MAX_MODEL_LEN) in error["message"] and "100000" in error["message"]
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
 
 

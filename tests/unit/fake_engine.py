@@ -2,7 +2,8 @@
 
 Each request "generates" one of a few fixed sentences (picked by seed, so n>1 choices with seeds
 differ) followed by EOS, a few tokens per delta, honouring max_tokens (finish "length"), ignore_eos
-and logprobs. Stop strings are the detokenizer's job and are not applied here.
+and logprobs. Stop strings are the detokenizer's job and are not applied here. A cache flush
+succeeds only while no request is generating, as in the scheduler.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ class FakeEngine:
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.tokens_per_delta = tokens_per_delta
+        self.enable_prefix_caching = True
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
+        self.running: set[str] = set()
+        self.num_flushes = 0
         self.aborted: list[str] = []
         self.closed_early: list[str] = []  # generators closed before their finishing delta
         self.healthy = True
@@ -68,6 +72,7 @@ class FakeEngine:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TextDelta]:
         self.requests.append((request_id, prompt_token_ids, params))
+        self.running.add(request_id)
         token_ids = self.reply_token_ids(params)
         finished = False
         try:
@@ -93,12 +98,19 @@ class FakeEngine:
                     num_cached_tokens=self.num_cached_tokens,
                 )
         finally:
+            self.running.discard(request_id)
             if not finished:
                 self.closed_early.append(request_id)
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def flush_cache(self) -> bool:
+        if self.running:
+            return False
+        self.num_flushes += 1
+        return True
 
     def stats(self) -> SchedulerStats | None:
         return self.scheduler_stats

@@ -1,4 +1,4 @@
-"""Config resolution: dtype auto vs user, max_model_len limits, and errors that name the setting."""
+"""Config resolution: dtype auto vs user, max_model_len limits, flags, and errors that name the setting."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.server_args import ServerArgs
 
 
 def test_dtype_auto_follows_the_checkpoint_and_a_user_dtype_wins(tiny_checkpoint) -> None:
@@ -70,3 +71,12 @@ def test_device_auto_picks_what_exists() -> None:
     assert DeviceConfig().torch_device.type == expected
     with pytest.raises(ValueError, match="--device"):
         DeviceConfig("tpu")
+
+
+@pytest.mark.parametrize(("argv", "enabled"), [([], True), (["--enable-prefix-caching"], True),
+                                               (["--disable-prefix-caching"], False)])
+def test_prefix_caching_is_on_by_default_and_can_be_turned_off(tiny_checkpoint, argv: list[str],
+                                                               enabled: bool) -> None:
+    args = ServerArgs.from_cli(argv)
+    assert args.enable_prefix_caching is enabled
+    assert args.engine_config(str(tiny_checkpoint())).scheduler.enable_prefix_caching is enabled

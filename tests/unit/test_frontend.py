@@ -85,7 +85,7 @@ async def test_completion(client: httpx.AsyncClient, engine: FakeEngine) -> None
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": reply_tokens,
         "total_tokens": len(prompt_ids) + reply_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": 0},  # always there while prefix caching is on
     }
 
 
@@ -151,6 +151,15 @@ async def test_cached_tokens_reported(client: httpx.AsyncClient, engine: FakeEng
     engine.num_cached_tokens = 16
     body = (await client.post("/v1/completions", json={"prompt": "Hi"})).json()
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
+    stream = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse_payloads(await client.post("/v1/chat/completions", json=stream))
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
+
+
+async def test_no_cached_tokens_details_without_prefix_caching(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    engine.enable_prefix_caching = False
+    body = (await client.post("/v1/completions", json={"prompt": "Hi"})).json()
+    assert body["usage"]["prompt_tokens_details"] is None
 
 
 async def test_completion_logprobs(client: httpx.AsyncClient, engine: FakeEngine) -> None:
@@ -414,6 +423,39 @@ async def test_metrics(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     assert metric(text, "rapid_llm:e2e_request_latency_seconds_count") == 2
     assert 'rapid_llm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
     assert 'rapid_llm:request_success_total{finished_reason="stop",model_name="tiny"} 1.0' in text
+
+
+async def test_prefix_cache_counters_come_from_the_scheduler_totals(client: httpx.AsyncClient,
+                                                                     engine: FakeEngine) -> None:
+    text = (await client.get("/metrics")).text
+    assert metric(text, "rapid_llm:prefix_cache_queries_total") == 0
+    assert metric(text, "rapid_llm:prefix_cache_hits_total") == 0
+    engine.scheduler_stats = SchedulerStats(num_running=0, num_waiting=0, kv_blocks_used=0, kv_blocks_total=12,
+                                            prefix_cache_queries=1000, prefix_cache_hits=992)
+    text = (await client.get("/metrics")).text
+    assert "# TYPE rapid_llm:prefix_cache_queries_total counter" in text
+    assert metric(text, "rapid_llm:prefix_cache_queries_total") == 1000
+    assert metric(text, "rapid_llm:prefix_cache_hits_total") == 992
+
+
+# ---- cache flush -----------------------------------------------------------------------------
+
+
+async def test_flush_cache(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    response = await client.post("/flush_cache")
+    assert (response.status_code, response.json(), engine.num_flushes) == (200, {"flushed": True}, 1)
+    engine.running.add("busy")
+    message = assert_error(await client.post("/flush_cache"), 400, None)
+    assert "requests are running" in message and engine.num_flushes == 1
+    engine.healthy = False
+    assert_error(await client.post("/flush_cache"), 503, None, "ServiceUnavailableError")
+    assert_error(await client.get("/flush_cache"), 405, None, "MethodNotAllowedError")
+
+
+async def test_flush_cache_needs_the_api_key(engine: FakeEngine) -> None:
+    async with _client(build_app(engine, api_key="secret")) as http:
+        assert (await http.post("/flush_cache")).status_code == 401
+        assert (await http.post("/flush_cache", headers={"Authorization": "Bearer secret"})).status_code == 200
 
 
 # ---- client disconnects ----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Tests for the scheduler policy, driven by a fake worker that executes plans faithfully.
 
 The fake worker keeps per-slot tokens and block tables, simulates the paged KV cache (one token id
-per cached position) and samples a deterministic function of the sequence it reads back from that
+per cached position; a fresh block reads as garbage until written, a prefix-cache hit keeps what
+another request wrote) and samples a deterministic function of the sequence it reads back from that
 cache, so outputs can be checked against a direct computation that uses no scheduler at all.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
-from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult, TokenBatch, TokenLogprobs
+from rapid_llm.ipc.messages import GenerateRequest, ScheduledChunk, StepPlan, StepResult, TokenBatch, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 
@@ -82,14 +83,20 @@ class _Slot:
     blocks: list[int] = field(default_factory=list)
 
 
+GARBAGE = -1  # what a freshly allocated (zeroed, never written) KV position holds
+
+
 class FakeWorker:
-    """Executes plans in order as the real worker would, checking every promise a plan makes."""
+    """Executes plans in order as the real worker would, checking every promise a plan makes.
+
+    Like the real attention backend, a step first writes the K/V of every scheduled token, then reads.
+    """
 
     def __init__(self, config: SchedulerConfig, model: ModelFn) -> None:
         self.config = config
         self.model = model
         self.slots: dict[int, _Slot] = {}
-        self.kv: dict[int, list[int | None]] = {}  # block id -> token id cached at each position
+        self.kv: dict[int, list[int]] = {}  # block id -> token id cached at each position
         self.plans: list[StepPlan] = []
         self.admissions: list[str] = []  # request ids of every NewRequest, resumptions included
         self.num_sampled: dict[str, int] = {}
@@ -107,32 +114,55 @@ class FakeWorker:
             assert 0 <= new.slot < config.max_num_seqs and new.slot not in self.slots
             self.slots[new.slot] = _Slot(new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params)
             self.admissions.append(new.request_id)
+        for chunk in plan.scheduled:
+            self._write(chunk)
         slots, token_ids, logprobs = [], [], []
         for chunk in plan.scheduled:
             state = self.slots[chunk.slot]
-            start, end = chunk.num_computed_tokens, chunk.num_computed_tokens + chunk.num_new_tokens
-            assert start == state.num_computed, "a chunk must continue exactly where its slot stopped"
-            assert chunk.num_new_tokens >= 1 and end <= len(state.tokens) and end <= config.max_model_len
-            state.blocks += chunk.new_block_ids
-            assert len(state.blocks) == -(-end // block_size), "blocks must cover the tokens, no more"
-            for position in range(start, end):
-                block = self.kv.setdefault(state.blocks[position // block_size], [None] * block_size)
-                block[position % block_size] = state.tokens[position]
-            state.num_computed = end
-            if end == len(state.tokens):
-                cached = [self.kv[state.blocks[p // block_size]][p % block_size] for p in range(end)]
-                assert cached == state.tokens, "the KV cache was overwritten"
+            if state.num_computed == len(state.tokens):
+                cached = [self.kv[state.blocks[p // block_size]][p % block_size] for p in range(state.num_computed)]
+                assert cached == state.tokens, "the KV cache was overwritten or a cache hit held other tokens"
                 token = pick(self.model, cached, state.num_prompt_tokens, state.params, config.eos_token_ids)
                 state.tokens.append(token)
                 self.num_sampled[state.request_id] = self.num_sampled.get(state.request_id, 0) + 1
                 slots.append(chunk.slot)
                 token_ids.append(token)
                 logprobs.append(None if state.params.logprobs is None else TokenLogprobs(-float(token)))
-        owned = [block for state in self.slots.values() for block in state.blocks]
-        assert len(owned) == len(set(owned)), "a block is owned by two live slots"
-        assert all(0 <= block < config.num_kv_blocks for block in owned)
+        assert all(0 <= block < config.num_kv_blocks for state in self.slots.values() for block in state.blocks)
         has_logprobs = any(entry is not None for entry in logprobs)
         return StepResult(plan.step_id, slots, token_ids, logprobs if has_logprobs else [])
+
+    def _write(self, chunk: ScheduledChunk) -> None:
+        """Extend the slot's block table and write the chunk's tokens into the simulated cache."""
+        block_size = self.config.block_size
+        state = self.slots[chunk.slot]
+        start, end = chunk.num_computed_tokens, chunk.num_computed_tokens + chunk.num_new_tokens
+        assert start == state.num_computed + len(chunk.cached_block_ids) * block_size, \
+            "a chunk must continue exactly where its slot stopped, after any cache hits"
+        assert not chunk.cached_block_ids or not state.blocks, "cache hits only start a request's block table"
+        assert chunk.num_new_tokens >= 1 and end <= len(state.tokens) and end <= self.config.max_model_len
+        holders = self._holders()
+        for block in chunk.new_block_ids:
+            assert holders.get(block, []) == [], "a freshly allocated block is held by a live slot"
+            self.kv[block] = [GARBAGE] * block_size
+        state.blocks += chunk.cached_block_ids + chunk.new_block_ids
+        assert len(state.blocks) == -(-end // block_size), "blocks must cover the tokens, no more"
+        for position in range(start, end):
+            block, offset, token = state.blocks[position // block_size], position % block_size, state.tokens[position]
+            for other, index in holders.get(block, []):
+                # Sharing is only sound if everyone holding the block expects the same token there.
+                expected = other.tokens[index * block_size + offset] if other is not state else token
+                assert expected == token, "a block shared with another live slot is overwritten"
+            self.kv[block][offset] = token
+        state.num_computed = end
+
+    def _holders(self) -> dict[int, list[tuple[_Slot, int]]]:
+        """block id -> (live slot, index in its block table) for every block some live slot holds."""
+        holders: dict[int, list[tuple[_Slot, int]]] = {}
+        for state in self.slots.values():
+            for index, block in enumerate(state.blocks):
+                holders.setdefault(block, []).append((state, index))
+        return holders
 
 
 @dataclass
@@ -198,6 +228,7 @@ def drive(config: SchedulerConfig, events: dict[int, list[Event]], depth: int,
         iteration += 1
     stats = scheduler.stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_blocks_used) == (0, 0, 0)
+    assert scheduler._blocks.num_free_blocks == config.num_kv_blocks, "every block is free or only cached"
     assert all(outcome.finish_reason is not None for outcome in collector.outcomes.values())
     admissions = list(worker.admissions)
     _check_every_slot_released(scheduler, worker)
@@ -227,8 +258,11 @@ def request(request_id: str, prompt: Sequence[int], **params: object) -> Generat
 
 
 def random_workload(seed: int, count: int = 14) -> dict[int, list[Event]]:
-    """Mixed requests; the first half arrive at once, the rest trickle in."""
+    """Mixed requests; the first half arrive at once, the rest trickle in. Most prompts start with one of
+    a few shared prefixes (shorter than a 4-token block, exactly 1 or 3 blocks, 2 blocks + 1 token), and
+    some are nothing but one."""
     rng = random.Random(seed)
+    prefixes = [[rng.randrange(VOCAB) for _ in range(length)] for length in (3, 4, 9, 12)]
     events: dict[int, list[Event]] = {}
     for index in range(count):
         max_tokens = rng.choice([1, 6, 17, 30, None])
@@ -239,7 +273,8 @@ def random_workload(seed: int, count: int = 14) -> dict[int, list[Event]]:
             ignore_eos=rng.random() < 0.5,
             logprobs=rng.choice([None, 2]),
         )
-        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+        shared = rng.choice([[], *prefixes])
+        prompt = shared + [rng.randrange(VOCAB) for _ in range(rng.randint(0 if shared else 1, 30 - len(shared)))]
         arrival = 0 if index < count // 2 else 3 * (index - count // 2)
         events.setdefault(arrival, []).append(request(f"r{index}", prompt, **params))
     return events
@@ -256,12 +291,14 @@ def expected_outcomes(events: dict[int, list[Event]], config: SchedulerConfig,
 # ---- golden: every mode gives the reference outputs --------------------------------------------
 
 
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-caching"])
 @pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
 @pytest.mark.parametrize("budget", [5, 256], ids=["tiny-budget", "large-budget"])
 @pytest.mark.parametrize("num_kv_blocks", [16, 200], ids=["few-blocks", "many-blocks"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_outputs_match_reference_in_every_mode(depth: int, budget: int, num_kv_blocks: int, seed: int) -> None:
-    config = make_config(max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks)
+def test_outputs_match_reference_in_every_mode(depth: int, budget: int, num_kv_blocks: int, seed: int,
+                                               caching: bool) -> None:
+    config = make_config(max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, enable_prefix_caching=caching)
     events = random_workload(seed)
     run = drive(config, events, depth)
     assert run.outcomes == expected_outcomes(events, config)
@@ -269,11 +306,14 @@ def test_outputs_match_reference_in_every_mode(depth: int, budget: int, num_kv_b
     first_admissions = list(dict.fromkeys(run.admissions))
     assert first_admissions == run.added, "requests are admitted first come, first served"
     assert _some_prompt_was_chunked(run.worker) == (budget == 5)
+    hits = any(chunk.cached_block_ids for plan in run.worker.plans for chunk in plan.scheduled)
+    # With few blocks, eviction may leave nothing to hit; with many, shared prefixes must hit.
+    assert hits == caching if num_kv_blocks == 200 else hits <= caching
 
 
 def _some_prompt_was_chunked(worker: FakeWorker) -> bool:
     for plan in worker.plans:
-        first_chunks = {chunk.slot: chunk.num_new_tokens for chunk in plan.scheduled}
+        first_chunks = {chunk.slot: chunk.num_computed_tokens + chunk.num_new_tokens for chunk in plan.scheduled}
         if any(first_chunks[new.slot] < len(new.token_ids) for new in plan.new_requests):
             return True
     return False
@@ -344,6 +384,113 @@ def test_a_request_that_preempts_itself_waits_for_a_later_step() -> None:
     assert [(c.slot, c.num_computed_tokens, c.num_new_tokens) for c in step.scheduled] == [(0, 8, 1)]
     assert (step.released_slots, step.new_requests) == ([1], [])
     assert run.outcomes == expected_outcomes(events, config, counting_model)
+
+
+# ---- prefix caching ----------------------------------------------------------------------------
+
+
+def run_until_idle(scheduler: Scheduler, worker: FakeWorker, depth: int = 1) -> list[StepPlan]:
+    """Plan and execute until nothing is left to schedule; the plans made."""
+    plans: list[StepPlan] = []
+    sent: deque[StepPlan] = deque()
+    while True:
+        while scheduler.num_inflight_steps < depth and (plan := scheduler.schedule()) is not None:
+            sent.append(plan)
+            plans.append(plan)
+        if not sent:
+            return plans
+        scheduler.process_result(worker.execute(sent.popleft()))
+
+
+def first_chunk(plans: list[StepPlan], request_id: str) -> ScheduledChunk:
+    """The chunk that started `request_id` (its latest admission)."""
+    for plan in reversed(plans):
+        for new in plan.new_requests:
+            if new.request_id == request_id:
+                return next(chunk for chunk in plan.scheduled if chunk.slot == new.slot)
+    raise AssertionError(f"{request_id} was never admitted")
+
+
+def cached_tokens_reported(scheduler: Scheduler) -> dict[str, int]:
+    batch = scheduler.take_outputs()
+    assert batch is not None
+    return {update.request_id: update.num_cached_tokens for update in batch.updates}
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
+def test_a_repeated_prompt_reuses_full_blocks_but_computes_at_least_one_token(depth: int) -> None:
+    config = make_config(block_size=4)
+    scheduler, worker = Scheduler(config), FakeWorker(config, hashed_model)
+    prompt = list(range(1, 9))  # exactly 2 blocks
+    scheduler.add_request(request("first", prompt, max_tokens=1))
+    run_until_idle(scheduler, worker, depth)
+    assert cached_tokens_reported(scheduler) == {"first": 0}
+    first_blocks = worker.plans[0].scheduled[0].new_block_ids
+
+    scheduler.add_request(request("same", prompt, max_tokens=3))  # the last block is recomputed, not shared
+    scheduler.add_request(request("longer", prompt + [9], max_tokens=3))  # only its 9th token is computed
+    scheduler.add_request(request("other", [5, *prompt[1:]], max_tokens=3))  # differs in block 0: no hit
+    plans = run_until_idle(scheduler, worker, depth)
+    same, longer, other = (first_chunk(plans, rid) for rid in ("same", "longer", "other"))
+    assert (same.cached_block_ids, same.num_computed_tokens, same.num_new_tokens) == (first_blocks[:1], 4, 4)
+    assert (longer.cached_block_ids, longer.num_computed_tokens, longer.num_new_tokens) == (first_blocks, 8, 1)
+    assert (other.cached_block_ids, other.num_computed_tokens) == ([], 0)
+    assert cached_tokens_reported(scheduler) == {"same": 4, "longer": 8, "other": 0}
+    stats = scheduler.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (8 + 8 + 9 + 8, 12)
+    assert stats.kv_blocks_used == 0 and scheduler._blocks.num_free_blocks == config.num_kv_blocks
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
+def test_blocks_of_output_tokens_are_cached_once_their_ids_are_known(depth: int) -> None:
+    config = make_config(block_size=4)
+    scheduler, worker = Scheduler(config), FakeWorker(config, counting_model)
+    scheduler.add_request(request("a", [1, 2, 3], max_tokens=6, ignore_eos=True))
+    run_until_idle(scheduler, worker, depth)
+    # a's KV holds 1..8 (its last output, 9, is never computed): two full blocks.
+    scheduler.add_request(request("b", list(range(1, 11)), max_tokens=1, ignore_eos=True))
+    chunk = first_chunk(run_until_idle(scheduler, worker, depth), "b")
+    assert (chunk.num_computed_tokens, len(chunk.cached_block_ids)) == (8, 2)
+
+
+def test_caching_off_never_reuses() -> None:
+    config = make_config(block_size=4, enable_prefix_caching=False)
+    scheduler, worker = Scheduler(config), FakeWorker(config, hashed_model)
+    for request_id in ("a", "b"):
+        scheduler.add_request(request(request_id, range(1, 12), max_tokens=2))
+        chunk = first_chunk(run_until_idle(scheduler, worker), request_id)
+        assert (chunk.cached_block_ids, chunk.num_computed_tokens) == ([], 0)
+    assert cached_tokens_reported(scheduler) == {"a": 0, "b": 0}
+    stats = scheduler.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (0, 0)
+
+
+def test_a_preempted_request_resumes_from_its_own_cached_blocks() -> None:
+    config = make_config(max_model_len=16, num_kv_blocks=4, max_num_seqs=2)
+    events: dict[int, list[Event]] = {0: [
+        request("a", range(10, 18), max_tokens=2, ignore_eos=True),
+        request("b", range(30, 37), max_tokens=4, ignore_eos=True),
+    ]}
+    run = drive(config, events, depth=1, model=counting_model)
+    assert run.admissions == ["a", "b", "b"]
+    b_first = first_chunk(run.worker.plans[:1], "b")
+    resumed = first_chunk(run.worker.plans, "b")
+    # b's first block (30..33) was full and survived; its partial second block went to a.
+    assert resumed.cached_block_ids == b_first.new_block_ids[:1] and resumed.num_computed_tokens == 4
+    assert run.outcomes == expected_outcomes(events, config, counting_model)
+
+
+def test_flush_is_refused_while_requests_are_unfinished_and_forgets_every_block() -> None:
+    config = make_config(block_size=4)
+    scheduler, worker = Scheduler(config), FakeWorker(config, hashed_model)
+    scheduler.add_request(request("a", range(1, 12), max_tokens=2))
+    assert scheduler.reset_prefix_cache() is False
+    run_until_idle(scheduler, worker)
+    assert scheduler.reset_prefix_cache() is True
+    scheduler.add_request(request("b", range(1, 12), max_tokens=2))
+    assert scheduler.reset_prefix_cache() is False, "a waiting request also counts"
+    chunk = first_chunk(run_until_idle(scheduler, worker), "b")
+    assert (chunk.cached_block_ids, chunk.num_computed_tokens) == ([], 0)
 
 
 # ---- finishing ---------------------------------------------------------------------------------

@@ -69,7 +69,9 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D], kv_cache [2, blocks, block_size, Hkv, D] -> [T, Hq, D].
 
-        Writes this step's key/value into the cache before attending, so a token sees itself.
+        Writes this step's key/value (of every sequence) into the cache before attending, so a token
+        sees itself and a sequence can read a prefix-cache block that another sequence of the same
+        step writes (the scheduler shares blocks whose KV is only scheduled, relying on this).
         """
 
 
