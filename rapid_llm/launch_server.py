@@ -56,6 +56,7 @@ def _serve(args: Any, started: float) -> int:
     import uvicorn
     from transformers import AutoTokenizer
 
+    import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
@@ -89,8 +90,11 @@ def _serve(args: Any, started: float) -> int:
         engine.shutdown()
         raise
 
+    server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
+                   "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
-                               config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching)
+                               config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching,
+                               server_info)
     app = build_app(manager, api_key=args.api_key)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=args.log_level == "debug", loop="none"))

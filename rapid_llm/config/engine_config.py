@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rapid_llm.config.cache_config import CacheConfig
 from rapid_llm.config.device_config import DeviceConfig
@@ -20,3 +21,21 @@ class EngineConfig:
     served_model_name: str
     attention_backend: str = "auto"
     log_level: str = "info"
+
+    def summary(self) -> dict[str, Any]:
+        """The settings a benchmark result should record (served at GET /server_info)."""
+        return {
+            "model": self.model.model,
+            "served_model_name": self.served_model_name,
+            "architecture": self.model.architecture,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "max_model_len": self.model.max_model_len,
+            "device": str(self.device.torch_device),
+            "attention_backend": self.attention_backend,
+            "block_size": self.cache.block_size,
+            "kv_cache_dtype": self.cache.cache_dtype,
+            "max_num_seqs": self.scheduler.max_num_seqs,
+            "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+            "async_scheduling": self.scheduler.async_scheduling,
+            "enable_prefix_caching": self.scheduler.enable_prefix_caching,
+        }

@@ -1,4 +1,4 @@
-"""The Starlette app: OpenAI routes plus /health, /version, /metrics and /flush_cache over one EngineClient.
+"""The Starlette app: OpenAI routes plus /health, /version, /metrics, /server_info and /flush_cache.
 
 Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
 INFO line (no traceback), server faults with their traceback -- and the API key, when set, guards
@@ -110,6 +110,9 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
     async def version(request: Request) -> Response:
         return json_response({"version": rapid_llm.__version__})
 
+    async def server_info(request: Request) -> Response:
+        return json_response(engine.server_info)
+
     async def metrics(request: Request) -> Response:
         return Response(serving.metrics.render(engine.stats()), media_type=CONTENT_TYPE)
 
@@ -120,6 +123,7 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
         Route("/flush_cache", _guarded(flush_cache, serving), methods=["POST"]),
     ]
     middleware = [Middleware(_ApiKeyMiddleware, api_key=api_key)] if api_key else []

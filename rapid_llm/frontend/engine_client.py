@@ -18,6 +18,7 @@ class EngineClient(Protocol):
     max_model_len: int
     tokenizer: Any  # a transformers PreTrainedTokenizerBase (encode, decode, apply_chat_template)
     enable_prefix_caching: bool  # whether responses report cached prompt tokens
+    server_info: dict[str, Any]  # resolved engine settings, served at GET /server_info
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> AsyncIterator[TextDelta]:
         """Yield the request's deltas until one carries a finish_reason.

@@ -123,6 +123,9 @@ def test_models_health_version(server) -> None:
     assert {"created", "owned_by", "root"} <= set(entry)
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/version").json()["version"]
+    info = httpx.get(f"{server.base_url}/server_info").json()
+    assert info["num_kv_blocks"] == 256 and info["served_model_name"] == "tiny"
+    assert info["max_model_len"] == SERVER_MAX_MODEL_LEN and info["async_scheduling"] is True
 
 
 @pytest.mark.parametrize(

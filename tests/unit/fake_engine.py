@@ -37,6 +37,7 @@ class FakeEngine:
         self.max_model_len = max_model_len
         self.tokens_per_delta = tokens_per_delta
         self.enable_prefix_caching = True
+        self.server_info = {"model": model_path, "max_model_len": max_model_len}
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
         self.running: set[str] = set()
         self.num_flushes = 0

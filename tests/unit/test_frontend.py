@@ -369,6 +369,7 @@ async def test_models_version_health(client: httpx.AsyncClient, engine: FakeEngi
     }
     assert isinstance(model["created"], int)
     assert (await client.get("/version")).json() == {"version": rapid_llm.__version__}
+    assert (await client.get("/server_info")).json() == engine.server_info
     assert (await client.get("/health")).status_code == 200
     engine.healthy = False
     assert (await client.get("/health")).status_code == 503

@@ -1,0 +1,227 @@
+"""Online serving benchmark for any OpenAI-compatible server, with the flags and metrics of `vllm bench serve`.
+
+    python -m benchmarks.bench_serving --backend openai --port 30000 --dataset-name random \\
+        --random-input-len 1024 --random-output-len 128 --num-prompts 200 --request-rate inf
+
+Key design choice: this file only parses flags, schedules requests and prints; the workloads,
+request functions, metrics and result files live in `benchmarks.common`, each written to mean what
+vLLM's benchmark means, so numbers from here and from vLLM/SGLang runs can be compared directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a file (python benchmarks/bench_serving.py): make `benchmarks` importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from tqdm import tqdm
+
+from benchmarks.common.args import add_dataset_args, add_result_args
+from benchmarks.common.backends import DEFAULT_ENDPOINTS, REQUEST_FUNCS, RequestInput, auth_headers, open_session
+from benchmarks.common.datasets import load_tokenizer, sample_requests
+from benchmarks.common.environment import collect_environment, fetch_server_info
+from benchmarks.common.metrics import (
+    RequestOutcome,
+    calculate_metrics,
+    format_report,
+    parse_goodput,
+    parse_percentile_metrics,
+    parse_percentiles,
+    result_dict,
+)
+from benchmarks.common.results import save_result
+from benchmarks.common.traffic import arrival_offsets
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--backend", choices=list(REQUEST_FUNCS), default="openai",
+                        help="openai: /v1/completions; openai-chat: /v1/chat/completions.")
+    parser.add_argument("--base-url", default=None, help="Server URL; overrides --host/--port.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--endpoint", default=None, help="API path (default: the backend's).")
+    parser.add_argument("--model", default=None, help="Model to request (default: first of /v1/models).")
+    parser.add_argument("--served-model-name", default=None, help="Name sent in requests when it differs from --model.")
+    parser.add_argument("--label", default=None, help="Result label and file name prefix (default: --backend).")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="Requests per second; inf sends all at once.")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="Gamma shape of arrival gaps: 1 is Poisson, <1 burstier, >1 more even.")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight at once.")
+    parser.add_argument("--ignore-eos", action="store_true", help="Send ignore_eos (always on for random).")
+    parser.add_argument("--temperature", type=float, default=None, help="Default: the server's.")
+    parser.add_argument("--extra-body", type=json.loads, default=None, help="JSON merged into every request.")
+    parser.add_argument("--num-warmups", type=int, default=0, help="Requests sent (with the first prompt) first.")
+    parser.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                        help="Of ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue.")
+    parser.add_argument("--metric-percentiles", default="99", help='Comma-separated, e.g. "50,90,99".')
+    parser.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                        help="SLOs (ttft, tpot, e2el in ms) a request must all meet to count as good.")
+    add_dataset_args(parser)
+    add_result_args(parser)
+    args = parser.parse_args(argv)
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
+    if args.num_warmups < 0:
+        parser.error("--num-warmups must be non-negative")
+    return args
+
+
+def first_model(base_url: str) -> tuple[str, str]:
+    """(served name, model path) of the first entry of /v1/models, as vLLM takes its id and root."""
+    try:
+        response = httpx.get(f"{base_url}/v1/models", headers=auth_headers(), timeout=30.0)
+        response.raise_for_status()
+        models = response.json().get("data") or []
+    except (httpx.HTTPError, ValueError) as exc:
+        raise RuntimeError(f"cannot list models at {base_url}/v1/models: {exc}") from None
+    if not models:
+        raise RuntimeError(f"{base_url}/v1/models lists no models")
+    return models[0]["id"], models[0].get("root") or models[0]["id"]
+
+
+async def run_requests(
+    args: argparse.Namespace, inputs: list[RequestInput], offsets: list[float]
+) -> tuple[list[RequestOutcome], float]:
+    """Send the warm-ups, then every request at its arrival offset; (outcomes, duration in s)."""
+    request_func = REQUEST_FUNCS[args.backend]
+
+    def limiter() -> contextlib.AbstractAsyncContextManager[Any]:
+        return asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else contextlib.nullcontext()
+
+    async with open_session(args.max_concurrency) as session:
+
+        async def send(request: RequestInput, slots: contextlib.AbstractAsyncContextManager[Any],
+                       pbar: tqdm | None) -> RequestOutcome:
+            arrival = time.perf_counter()
+            async with slots:
+                outcome = await request_func(session, request)
+            outcome.queue_time = outcome.start_time - arrival
+            if pbar is not None:
+                pbar.update(1)
+            return outcome
+
+        if args.num_warmups:
+            print(f"Warming up with {args.num_warmups} requests...")
+            pbar = None if args.disable_tqdm else tqdm(total=args.num_warmups)
+            slots = limiter()
+            await asyncio.gather(*(send(inputs[0], slots, pbar) for _ in range(args.num_warmups)))
+            if pbar is not None:
+                pbar.close()
+
+        print("Starting main benchmark run...")
+        pbar = None if args.disable_tqdm else tqdm(total=len(inputs))
+        slots = limiter()
+        tasks = []
+        start = time.perf_counter()
+        for request, offset in zip(inputs, offsets):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(request, slots, pbar)))
+        outcomes = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        if pbar is not None:
+            pbar.close()
+        return list(outcomes), duration
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    print(args)
+    if args.base_url:
+        base_url = args.base_url.rstrip("/")
+    else:
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        base_url = f"http://{host}:{args.port}"
+    api_url = base_url + (args.endpoint or DEFAULT_ENDPOINTS[args.backend])
+
+    if args.model is None:
+        model_name, model_id = first_model(base_url)
+        print(f"First model name: {model_name}, first model id: {model_id}")
+    else:
+        model_name, model_id = args.served_model_name or args.model, args.model
+    tokenizer_id = args.tokenizer or model_id
+    tokenizer = load_tokenizer(tokenizer_id)
+
+    if args.dataset_name == "random" and not args.ignore_eos:
+        # As vLLM does: random prompts must produce exactly the sampled output lengths.
+        print("The random dataset always sets ignore_eos.")
+        args.ignore_eos = True
+    samples = sample_requests(args, tokenizer)
+    goodput = parse_goodput(args.goodput)
+    percentile_metrics = parse_percentile_metrics(args.percentile_metrics)
+    percentiles = parse_percentiles(args.metric_percentiles)
+    # As vLLM: client queueing exists only under a concurrency cap, and "including queue" only with a finite rate.
+    if args.max_concurrency is None or math.isinf(args.request_rate):
+        percentile_metrics = [m for m in percentile_metrics if m != "e2el_including_client_queue"]
+    if args.max_concurrency is None:
+        percentile_metrics = [m for m in percentile_metrics if m != "client_queue_time"]
+
+    if args.temperature is None:
+        print("WARNING: no --temperature given; the server's default sampling applies.")
+    sampling = {"temperature": args.temperature} if args.temperature is not None else {}
+    extra_body = {**sampling, **(args.extra_body or {})}
+    inputs = [
+        RequestInput(api_url, model_name, s.prompt, s.prompt_len, s.expected_output_len, args.ignore_eos, extra_body)
+        for s in samples
+    ]
+    offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed)
+    distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
+    print(f"Traffic request rate: {args.request_rate}")
+    print(f"Burstiness factor: {args.burstiness} ({distribution})")
+    print(f"Maximum request concurrency: {args.max_concurrency}")
+
+    # Everything allocated so far lives to the end; keep the collector from rescanning it mid-run.
+    gc.collect()
+    gc.freeze()
+    outcomes, duration = asyncio.run(run_requests(args, inputs, offsets))
+
+    failures = [o for o in outcomes if not o.success]
+    if failures:
+        print("Failed requests during benchmark run detected (capping to 10):")
+        for i, failure in enumerate(failures[:10]):
+            print(f"Error {i}: {failure.error}")
+    metrics = calculate_metrics(outcomes, duration, tokenizer, percentile_metrics, percentiles, goodput)
+    print(format_report(metrics, duration, args.max_concurrency, args.request_rate))
+
+    date = datetime.now().strftime("%Y%m%d-%H%M%S")
+    result: dict[str, Any] = {
+        "date": date,
+        "endpoint_type": args.backend,
+        "backend": args.backend,
+        "label": args.label,
+        "model_id": model_id,
+        "tokenizer_id": tokenizer_id,
+        "num_prompts": len(samples),
+        "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        **result_dict(metrics, outcomes, duration),
+        "environment": collect_environment(fetch_server_info(base_url, auth_headers())),
+    }
+    concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
+    stem = f"{args.label or args.backend}-{args.request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}"
+    save_result(result, args, stem)
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, RuntimeError) as exc:
+        sys.exit(f"error: {exc}")

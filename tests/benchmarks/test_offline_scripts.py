@@ -1,0 +1,40 @@
+"""bench_offline_throughput.py (both backends) and bench_latency.py run end to end and save results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str) -> None:
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], check=True, cwd=REPO,
+                   capture_output=True, text=True, timeout=300)
+
+
+def test_offline_throughput_rapid_llm_and_hf(tiny_checkpoint, tmp_path: Path) -> None:
+    checkpoint = tiny_checkpoint()
+    common = ["--model", str(checkpoint), "--dataset-name", "random", "--random-input-len", "16",
+              "--random-output-len", "6", "--num-prompts", "5", "--temperature", "0", "--save-result",
+              "--result-dir", str(tmp_path)]
+    _run("bench_offline_throughput.py", *common, "--result-filename", "ours.json", "--num-kv-blocks", "64")
+    _run("bench_offline_throughput.py", *common, "--result-filename", "hf.json", "--backend", "hf",
+         "--hf-max-batch-size", "2")
+    for name, backend in (("ours.json", "rapid_llm"), ("hf.json", "hf")):
+        result = json.loads((tmp_path / name).read_text())
+        assert result["backend"] == backend and result["num_requests"] == 5
+        assert result["total_output_tokens"] == 30
+        assert result["output_tokens_per_second"] > 0 and result["environment"]["versions"]["python"]
+
+
+def test_latency(tiny_checkpoint, tmp_path: Path) -> None:
+    _run("bench_latency.py", "--model", str(tiny_checkpoint()), "--batch-size", "2", "--input-len", "8",
+         "--output-len", "4", "--num-iters-warmup", "1", "--num-iters", "2", "--num-kv-blocks", "64",
+         "--save-result", "--result-dir", str(tmp_path), "--result-filename", "latency.json")
+    result = json.loads((tmp_path / "latency.json").read_text())
+    assert len(result["latencies"]) == 2 and result["avg_latency"] > 0
+    assert set(result["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
+    assert result["prefill_latency_ms"]["avg_ms"] > 0 and "p99_ms" in result["decode_step_latency_ms"]
