@@ -158,7 +158,8 @@ def tiny_config(architecture: str = "LlamaForCausalLM", **overrides: object) -> 
     return _CONFIG_CLASSES[architecture](architectures=[architecture], **kwargs)
 
 
-def build_tokenizer(out_dir: str | os.PathLike) -> transformers.PreTrainedTokenizerFast:
+def build_tokenizer(out_dir: str | os.PathLike,
+                    model_max_length: int = MAX_POSITION_EMBEDDINGS) -> transformers.PreTrainedTokenizerFast:
     """Train the byte-level BPE tokenizer, save it to ``out_dir`` and return it.
 
     Training is deterministic (fixed corpus and settings), so every call yields the same vocabulary.
@@ -183,7 +184,7 @@ def build_tokenizer(out_dir: str | os.PathLike) -> transformers.PreTrainedTokeni
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
         chat_template=CHAT_TEMPLATE,
-        model_max_length=MAX_POSITION_EMBEDDINGS,
+        model_max_length=model_max_length,
         # The cleanup rewrites " ." as "." and the like, which breaks decode(encode(text)) == text.
         clean_up_tokenization_spaces=False,
     )
@@ -218,7 +219,7 @@ def build_tiny_checkpoint(
     # save_pretrained records dtype and architectures in config.json and writes generation_config.json.
     model.save_pretrained(out_dir, **save_kwargs)
     if with_tokenizer:
-        build_tokenizer(out_dir)
+        build_tokenizer(out_dir, model_max_length=config.max_position_embeddings)
     return out_dir
 
 
