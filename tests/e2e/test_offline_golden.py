@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from rapid_llm import LLM, SamplingParams
 from tests.e2e.server import wait_gone
+from tests.hf_reference import hf_greedy, hf_model
 
 NEW_TOKENS = 24
 PROMPT_LENGTHS = (5, 13, 29, 40)
@@ -23,14 +23,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def expected(checkpoint, prompts) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                       min_new_tokens=NEW_TOKENS, pad_token_id=0)
-            outputs.append(generated[0, len(prompt):].tolist())
-    return outputs
+    return hf_greedy(hf_model(checkpoint), prompts, NEW_TOKENS)
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)

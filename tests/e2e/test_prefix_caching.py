@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 import torch
-import transformers
 
 from rapid_llm import LLM, SamplingParams
 from tests.e2e.conftest import API_KEY
+from tests.hf_reference import hf_greedy, hf_model
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
@@ -42,14 +42,7 @@ PROMPTS = FIRST_BATCH + [prompt for prompt, _ in SECOND_BATCH]
 
 @pytest.fixture(scope="module")
 def expected(checkpoint) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    outputs = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                       min_new_tokens=NEW_TOKENS, pad_token_id=0)
-            outputs.append(generated[0, len(prompt):].tolist())
-    return outputs
+    return hf_greedy(hf_model(checkpoint), PROMPTS, NEW_TOKENS)
 
 
 @pytest.mark.parametrize(

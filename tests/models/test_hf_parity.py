@@ -14,6 +14,7 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
+from tests.hf_reference import hf_greedy, hf_model
 from tests.models.paged_generation import generate
 
 PROMPT_LENGTHS = (7, 21, 38)
@@ -28,10 +29,6 @@ def _prompts(vocab_size: int, lengths: tuple[int, ...] = PROMPT_LENGTHS, seed: i
 def _runner(checkpoint, block_size: int = 16, dtype: str = "auto") -> ModelRunner:
     model_config = ModelConfig.from_pretrained(str(checkpoint), dtype=dtype)
     return ModelRunner(model_config, CacheConfig(block_size=block_size, num_blocks=64), DeviceConfig("cpu"))
-
-
-def _hf_model(checkpoint, dtype: torch.dtype) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
 
 
 def _paged_prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -55,18 +52,11 @@ def _hf_logits(model: transformers.PreTrainedModel, prompt: list[int]) -> torch.
         return model(torch.tensor([prompt])).logits[0].float()
 
 
-def _hf_greedy(model: transformers.PreTrainedModel, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
-    with torch.inference_mode():
-        output = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
-                                min_new_tokens=new_tokens, pad_token_id=0)
-    return output[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
 def test_prefill_logits_match_transformers_float32(tiny_checkpoint, architecture: str) -> None:
     checkpoint = tiny_checkpoint(architecture)
     runner = _runner(checkpoint, block_size=16)
-    hf = _hf_model(checkpoint, torch.float32)
+    hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size)
     for ours, prompt in zip(_paged_prefill_logits(runner, prompts), prompts):
         assert (ours - _hf_logits(hf, prompt)).abs().max().item() <= 1e-3
@@ -80,7 +70,7 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
     checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
     runner = _runner(checkpoint, block_size=16)
     assert runner.model_config.dtype == torch.bfloat16
-    hf_bf16, hf_fp32 = _hf_model(checkpoint, torch.bfloat16), _hf_model(checkpoint, torch.float32)
+    hf_bf16, hf_fp32 = hf_model(checkpoint, torch.bfloat16), hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size)
     for ours, prompt in zip(_paged_prefill_logits(runner, prompts), prompts):
         reference = _hf_logits(hf_fp32, prompt)
@@ -95,13 +85,12 @@ def test_greedy_decode_matches_transformers_generate(
 ) -> None:
     checkpoint = tiny_checkpoint(architecture)
     runner = _runner(checkpoint, block_size=block_size)
-    hf = _hf_model(checkpoint, torch.float32)
+    hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     # Staggered arrivals put one request's prefill chunks in the same steps as others' decodes.
     sequences = generate(runner, prompts, params, chunk_size=chunk_size, stagger=3)
-    for sequence, prompt in zip(sequences, prompts):
-        assert sequence.output == _hf_greedy(hf, prompt)
+    assert [s.output for s in sequences] == hf_greedy(hf, prompts, NEW_TOKENS)
     assert len({token for s in sequences for token in s.output}) > 5, "degenerate test: outputs barely vary"
 
 
@@ -125,21 +114,20 @@ def test_rope_scaling_variants_match_transformers(tiny_checkpoint, rope: str) ->
                                  rope_parameters={"rope_theta": 10000.0, **parameters})
     runner = _runner(checkpoint)
     assert runner.model_config.max_model_len == 64
-    hf = _hf_model(checkpoint, torch.float32)
+    hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, lengths=(11, 30), seed=2)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-    for sequence, prompt in zip(generate(runner, prompts, params), prompts):
-        assert sequence.output == _hf_greedy(hf, prompt)
+    assert [s.output for s in generate(runner, prompts, params)] == hf_greedy(hf, prompts, NEW_TOKENS)
 
 
 def test_sliding_window_matches_transformers(tiny_checkpoint) -> None:
     checkpoint = tiny_checkpoint("MistralForCausalLM", sliding_window=8)
     runner = _runner(checkpoint, block_size=4)
-    hf = _hf_model(checkpoint, torch.float32)
+    hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, lengths=(5, 19), seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-    for sequence, prompt in zip(generate(runner, prompts, params, chunk_size=6, stagger=2), prompts):
-        assert sequence.output == _hf_greedy(hf, prompt)
+    sequences = generate(runner, prompts, params, chunk_size=6, stagger=2)
+    assert [s.output for s in sequences] == hf_greedy(hf, prompts, NEW_TOKENS)
 
 
 def test_garbage_in_unassigned_cache_memory_never_leaks(tiny_checkpoint) -> None:
@@ -150,8 +138,7 @@ def test_garbage_in_unassigned_cache_memory_never_leaks(tiny_checkpoint) -> None
     runner = _runner(checkpoint, block_size=16)
     for layer in runner._attention_layers:
         layer.kv_cache[:, 1:].fill_(float("nan"))
-    hf = _hf_model(checkpoint, torch.float32)
+    hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, seed=4)
     params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)
-    for sequence, prompt in zip(generate(runner, prompts, params, stagger=1), prompts):
-        assert sequence.output == _hf_greedy(hf, prompt, new_tokens=8)
+    assert [s.output for s in generate(runner, prompts, params, stagger=1)] == hf_greedy(hf, prompts, 8)

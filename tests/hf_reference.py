@@ -1,0 +1,24 @@
+"""The transformers reference every correctness test compares against: greedy generate, one prompt at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import transformers
+
+
+def hf_model(checkpoint: Path | str, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+
+
+def hf_greedy(model: transformers.PreTrainedModel, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
+    """Exactly `new_tokens` greedy tokens per prompt (EOS masked until then, like our min_tokens)."""
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            generated = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, pad_token_id=0)
+            outputs.append(generated[0, len(prompt):].tolist())
+    return outputs
