@@ -18,7 +18,8 @@ def hf_greedy(model: transformers.PreTrainedModel, prompts: Sequence[Sequence[in
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
-            generated = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=new_tokens,
+            input_ids = torch.tensor([list(prompt)], device=model.device)
+            generated = model.generate(input_ids, do_sample=False, max_new_tokens=new_tokens,
                                        min_new_tokens=new_tokens, pad_token_id=0)
             outputs.append(generated[0, len(prompt):].tolist())
     return outputs

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One-call GPU check for a session lent a GPU (device tool): the gpu-marked tests, the model parity
+# tests on CUDA, and a short serving benchmark on a random 100M Llama. Output goes to $OUT if set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/rapid_llm-gpu-check}"
+mkdir -p "$OUT"
+nvidia-smi | tee "$OUT/nvidia-smi.txt"
+python3 -m pip install -q -e ".[test]" 2>&1 | tail -2
+python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+python3 - <<'PY'
+import torch
+from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+build_tiny_checkpoint("/tmp/gpu-llama-100m", "LlamaForCausalLM", dtype=torch.bfloat16, hidden_size=768,
+                      num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4, intermediate_size=2560,
+                      max_position_embeddings=2048)
+PY
+python3 -m rapid_llm.launch_server --model /tmp/gpu-llama-100m --port 31888 --log-level warning &
+server=$!
+until curl -sf http://127.0.0.1:31888/health >/dev/null 2>&1; do sleep 0.5; done
+for concurrency in 1 32; do
+    python3 benchmarks/bench_serving.py --base-url http://127.0.0.1:31888 --dataset-name random \
+        --random-input-len 512 --random-output-len 128 --num-prompts 128 --max-concurrency "$concurrency" \
+        --temperature 0 --ignore-eos --disable-tqdm --save-result --result-dir "$OUT" \
+        --result-filename "serving-c$concurrency.json" 2>&1 | tee "$OUT/serving-c$concurrency.txt"
+done
+kill -TERM "$server"; wait "$server"
