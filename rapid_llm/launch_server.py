@@ -16,6 +16,7 @@ import time
 from typing import Any, NoReturn
 
 logger = logging.getLogger("rapid_llm.launch_server")
+GRACEFUL_SHUTDOWN_S = 5
 
 
 class ShutdownRequested(BaseException):
@@ -96,18 +97,24 @@ def _serve(args: Any, started: float) -> int:
                                config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching,
                                server_info)
     app = build_app(manager, api_key=args.api_key)
+    # A bounded graceful shutdown: after a child dies, open streams end with an error, not a hang.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=args.log_level == "debug", loop="none"))
+                                           access_log=args.log_level == "debug", loop="none",
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     died: list[str] = []
+    loops: list[asyncio.AbstractEventLoop] = []
 
     def on_child_death(name: str, exit_code: int | None) -> None:
         logger.error("the %s process died (exit code %s); shutting the server down", name, exit_code)
         died.append(name)
+        for loop in loops:
+            loop.call_soon_threadsafe(manager.fail_all, f"the {name} process died")
         server.should_exit = True
 
     engine.watch(on_child_death)
 
     async def serve() -> None:
+        loops.append(asyncio.get_running_loop())
         await manager.start()
         logger.info("engine ready after %.2f s; starting HTTP for %r on http://%s:%d",
                     time.perf_counter() - started, config.served_model_name, args.host, args.port)

@@ -106,6 +106,7 @@ class ServerArgs:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or default_budget,
             eos_token_ids=model.eos_token_ids,
+            vocab_size=model.vocab_size,
             async_scheduling=not self.disable_async_scheduling,
             enable_prefix_caching=self.enable_prefix_caching,
         ).validate()

@@ -28,7 +28,3 @@ def dtype_from_name(name: str | torch.dtype, setting: str = "dtype") -> torch.dt
     if key not in DTYPES:
         raise ValueError(f"{setting}={name!r} is not supported; use one of {sorted(DTYPES)} or 'auto'")
     return DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return next(name for name, value in DTYPES.items() if value == dtype)

@@ -113,10 +113,6 @@ class ModelConfig:
         return int(self.hf_config.vocab_size)
 
     @property
-    def num_layers(self) -> int:
-        return int(self.hf_config.num_hidden_layers)
-
-    @property
     def num_attention_heads(self) -> int:
         return int(self.hf_config.num_attention_heads)
 

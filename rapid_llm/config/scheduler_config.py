@@ -19,6 +19,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 8192
     num_kv_blocks: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True
     enable_prefix_caching: bool = True
 

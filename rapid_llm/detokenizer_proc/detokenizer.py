@@ -35,11 +35,13 @@ def load_tokenizer(tokenizer_dir: str) -> Tokenizer:
 
 
 class _RequestState:
-    __slots__ = ("stream", "stops")
+    __slots__ = ("stream", "stops", "min_tokens", "num_output_tokens")
 
     def __init__(self, tokenizer: Tokenizer, request: DetokenizeRequest) -> None:
         self.stream = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, request.skip_special_tokens)
         self.stops = StopStringMatcher(request.stop)
+        self.min_tokens = request.min_tokens
+        self.num_output_tokens = 0
 
 
 class Detokenizer:
@@ -77,6 +79,11 @@ class Detokenizer:
         finishing = update.finish_reason is not None
         pieces: list[str] = []
         for num_tokens, text in _new_texts(state.stream, update.token_ids, finishing):
+            state.num_output_tokens += 1
+            if state.num_output_tokens < state.min_tokens:
+                # As in vLLM, stop strings count only once min_tokens are out; nothing is held back before.
+                pieces.append(text)
+                continue
             released, stop = state.stops.feed(text)
             pieces.append(released)
             if stop is not None:

@@ -16,7 +16,7 @@ import msgspec
 import zmq
 
 from rapid_llm.entrypoints.engine_processes import EngineProcesses
-from rapid_llm.ipc.messages import GenerateRequest, TextBatch, TokenLogprobs
+from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch, TokenLogprobs
 from rapid_llm.ipc.sockets import Receiver, Sender
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.server_args import ServerArgs
@@ -104,19 +104,31 @@ class LLM:
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")
-        results: list[RequestOutput] = []
-        choices: dict[str, CompletionOutput] = {}
-        for prompt, params in zip(prompts, params_list):
-            token_ids = self._prompt_token_ids(prompt)
+        # Everything is checked before anything is sent, so a bad prompt leaves nothing running.
+        token_id_lists = [self._prompt_token_ids(prompt) for prompt in prompts]
+        for token_ids, params in zip(token_id_lists, params_list):
             self._check_length(token_ids, params.validate())
+        results: list[RequestOutput] = []
+        requests: list[GenerateRequest] = []
+        choices: dict[str, CompletionOutput] = {}
+        for token_ids, params in zip(token_id_lists, params_list):
             result = RequestOutput(next(self._request_ids), token_ids, [])
             for index in range(params.n):
                 choice_params = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + index)
                 request_id = f"{result.request_id}-{index}"
                 result.outputs.append(choices.setdefault(request_id, CompletionOutput(index)))
-                self._requests.send(GenerateRequest(request_id, token_ids, choice_params, time.time()))
+                requests.append(GenerateRequest(request_id, token_ids, choice_params, time.time()))
             results.append(result)
-        self._collect(choices)
+        unfinished = set(choices)
+        try:
+            for request in requests:
+                self._requests.send(request)
+            self._collect(choices, unfinished)
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: stop what is still running so the next call starts clean.
+            for request_id in unfinished:
+                self._requests.send(AbortRequest(request_id))
+            raise
         return results
 
     def _check_length(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -127,8 +139,8 @@ class LLM:
             raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len {limit}")
 
-    def _collect(self, choices: dict[str, CompletionOutput]) -> None:
-        unfinished = set(choices)
+    def _collect(self, choices: dict[str, CompletionOutput], unfinished: set[str]) -> None:
+        """Gather deltas until every request in `unfinished` (emptied as they finish) is done."""
         while unfinished:
             if not self._engine.is_alive():
                 raise RuntimeError("an engine process died; see the log above")

@@ -245,8 +245,13 @@ class Serving:
                             yield sse_event({**envelope, "choices": [opening]})
                     yield sse_event({**envelope, "choices": [fmt.chunk_choice(index, output)]})
                     pending[index] = ChoiceOutput()
-        except Exception as exc:
+        except OpenAIError as error:
             # Headers are sent already, so the error can only travel as an event (as vLLM does).
+            logger.warning("%s: %s", envelope["id"], error.message)
+            yield sse_event(error.body())
+            yield DONE_EVENT
+            return
+        except Exception as exc:
             logger.exception("%s: generation failed", envelope["id"])
             yield sse_event(OpenAIError(500, f"generation failed: {exc}").body())
             yield DONE_EVENT

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
+from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.ipc.messages import (
     AbortRequest,
     FlushCache,
@@ -45,6 +46,7 @@ class TokenizerManager:
         self._flushes: dict[int, asyncio.Future[bool]] = {}
         self._flush_ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
+        self._engine_failure: OpenAIError | None = None
 
     async def start(self) -> None:
         """Bind the receiving sockets and start the reader tasks (inside the server's event loop)."""
@@ -83,22 +85,36 @@ class TokenizerManager:
             if future is not None and not future.done():
                 future.set_result(message.flushed)
 
+    def fail_all(self, reason: str) -> None:
+        """An engine process died: end every waiting request and flush with a 503 instead of leaving
+        them to wait forever (called on the event loop by the launcher's watcher)."""
+        self._engine_failure = OpenAIError(503, f"the engine stopped: {reason}")
+        for queue in self._queues.values():
+            queue.put_nowait(self._engine_failure)
+        for future in self._flushes.values():
+            if not future.done():
+                future.set_exception(self._engine_failure)
+
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[TextDelta]:
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use")
-        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
+        if self._engine_failure is not None:
+            raise self._engine_failure
+        queue: asyncio.Queue[TextDelta | OpenAIError] = asyncio.Queue()
         self._queues[request_id] = queue
         finished = False
         try:
             self._to_scheduler.send(GenerateRequest(request_id, prompt_token_ids, params, time.time()))
             while not finished:
                 delta = await queue.get()
+                if isinstance(delta, OpenAIError):
+                    raise delta
                 finished = delta.finish_reason is not None
                 yield delta
         finally:
             del self._queues[request_id]
-            if not finished:
+            if not finished and self._engine_failure is None:
                 self._to_scheduler.send(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:

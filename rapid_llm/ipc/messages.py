@@ -122,6 +122,7 @@ class DetokenizeRequest(_Part):
     prompt_token_ids: list[int]
     stop: list[str] = []
     skip_special_tokens: bool = True
+    min_tokens: int = 0  # stop strings are not matched before this many output tokens
 
 
 class TokenUpdate(_Part):

@@ -15,21 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from rapid_llm.layers.penalties import apply_penalties
-from rapid_llm.layers.sampling_batch import SamplingBatch
+from rapid_llm.layers.sampling_batch import SamplingBatch, to_int64
 
 # Float32 softmax+cumsum lands a few ulps off the exact sums; without slack, probabilities
 # 0.6 + 0.27 with top_p=0.87 would sum to just below 0.87 and pull in a third token.
 _TOP_P_SLACK = 1e-6
 
 
-def _int64(value: int) -> int:
-    """An unsigned 64-bit constant as the signed int64 torch stores."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN = _int64(0x9E3779B97F4A7C15)
-_MIX1 = _int64(0xBF58476D1CE4E5B9)
-_MIX2 = _int64(0x94D049BB133111EB)
+_GOLDEN = to_int64(0x9E3779B97F4A7C15)
+_MIX1 = to_int64(0xBF58476D1CE4E5B9)
+_MIX2 = to_int64(0x94D049BB133111EB)
 
 
 @dataclass

@@ -96,7 +96,7 @@ class SamplingBatch:
             top_p=tensor(top_p, torch.float32),
             min_p=tensor(min_p, torch.float32),
             seeded_rows=tensor(seeded, torch.int64),
-            seeds=tensor([_to_int64(params[i].seed) for i in seeded], torch.int64),
+            seeds=tensor([to_int64(params[i].seed) for i in seeded], torch.int64),
             seed_steps=tensor([len(requests[i].output_token_ids) for i in seeded], torch.int64),
             repetition_penalty=tensor([p.repetition_penalty for p in params], torch.float32),
             frequency_penalty=tensor([p.frequency_penalty for p in params], torch.float32),
@@ -122,7 +122,7 @@ def _banned_ids(request: SamplingRequest) -> list[int]:
     return eos + list(params.stop_token_ids)
 
 
-def _to_int64(seed: int) -> int:
+def to_int64(seed: int) -> int:
     """Any Python int as the signed int64 with the same low 64 bits, so big or negative seeds work."""
     seed &= _UINT64_MASK
     return seed - (1 << 64) if seed >= 1 << 63 else seed

@@ -17,7 +17,7 @@ from torch import nn
 from rapid_llm.config import ModelConfig
 from rapid_llm.layers.weight_utils import default_weight_loader
 from rapid_llm.model_loader.safetensors_files import iterate_tensors
-from rapid_llm.model_loader.weight_mapping import (
+from rapid_llm.models.weight_mapping import (
     IGNORED_CHECKPOINT_SUFFIXES,
     checkpoint_name_of,
     expected_shards,

@@ -18,7 +18,7 @@ from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope
-from rapid_llm.model_loader.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam
+from rapid_llm.models.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam
 
 
 def layer_sliding_window(config: PretrainedConfig, layer_id: int) -> int | None:

@@ -58,13 +58,6 @@ class SchedulerLoop:
         if not isinstance(ready, WorkerReady):
             raise WorkerFailedError(f"expected WorkerReady from rank 0, got {type(ready).__name__}")
         self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks)
-        capacity = ready.num_kv_blocks * config.block_size
-        if capacity < config.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens, fewer than max_model_len {config.max_model_len}, so a "
-                "full-length request could never run; lower --max-model-len or give the cache more room "
-                "(--kv-cache-memory / --num-kv-blocks)"
-            )
         self.scheduler = Scheduler(self.config)
         self.depth = 2 if config.async_scheduling else 1
         self.poller = zmq.Poller()

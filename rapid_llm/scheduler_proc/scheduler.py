@@ -87,6 +87,9 @@ class Scheduler:
             )
         if request.params.max_tokens is not None and request.params.max_tokens < 1:
             raise ValueError(f"request {request.request_id}: max_tokens must be at least 1")
+        vocab_size, ids = self.config.vocab_size, request.prompt_token_ids
+        if vocab_size is not None and not 0 <= min(ids) <= max(ids) < vocab_size:
+            raise ValueError(f"request {request.request_id}: prompt token ids must be in [0, {vocab_size})")
         state = RequestState(request, self.config.max_model_len, self.config.block_size)
         self._requests[request.request_id] = state
         self._waiting.append(state)
@@ -96,6 +99,7 @@ class Scheduler:
                 prompt_token_ids=request.prompt_token_ids,
                 stop=request.params.stop,
                 skip_special_tokens=request.params.skip_special_tokens,
+                min_tokens=request.params.min_tokens,
             )
         )
 

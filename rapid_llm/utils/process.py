@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing
+import os
 import signal
 import sys
 import traceback
@@ -35,6 +37,10 @@ def configure_child(log_level: str) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        parent = multiprocessing.parent_process()
+        # A launcher that died before the prctl call above would never send the signal.
+        if parent is not None and os.getppid() != parent.pid:
+            raise SystemExit(0)
     configure_logging(log_level)
 
 

@@ -36,9 +36,12 @@ def kv_cache_budget(cache_config: CacheConfig, device: torch.device) -> int:
     if cache_config.kv_cache_memory_bytes is not None:
         return cache_config.kv_cache_memory_bytes
     if device.type == "cuda":
-        _, total = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         # Activations are not profiled yet; the unused (1 - utilization) share is their headroom.
-        return int(total * cache_config.gpu_memory_utilization) - torch.cuda.memory_allocated(device)
+        # Capped by what is actually free, so memory other processes hold shrinks the cache
+        # instead of failing the allocation.
+        share = int(total * cache_config.gpu_memory_utilization) - torch.cuda.memory_allocated(device)
+        return min(share, int(free * cache_config.gpu_memory_utilization))
     return DEFAULT_CPU_KV_CACHE_BYTES
 
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -77,10 +78,19 @@ def test_no_model_serves_the_built_in_demo(tmp_path) -> None:
 
 
 def test_a_child_dying_later_brings_the_server_down(checkpoint) -> None:
+    """Requests in flight when the worker dies get a 503 at once, and the server exits 1."""
     server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
     engine_children = [pid for pid in child_pids(server.process.pid)
                        if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
-    os.kill(engine_children[-1], signal.SIGKILL)
+    body = {"prompt": "keep going", "max_tokens": 400, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
+        time.sleep(0.5)
+        os.kill(engine_children[-1], signal.SIGKILL)
+        started = time.monotonic()
+        response = pending.result()
+    assert response.status_code == 503 and "process died" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 10
     try:
         assert server.process.wait(timeout=30) == 1
     finally:

@@ -56,5 +56,12 @@ def test_llm_generates_text_and_leaves_no_process(checkpoint) -> None:
     assert len(outputs) == 2
     assert all(len(o.token_ids) == 6 and o.finish_reason == "length" and isinstance(o.text, str) for o in outputs)
     assert outputs[0].text == llm.tokenizer.decode(outputs[0].token_ids, skip_special_tokens=True)
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(["fine", [5] * 600], SamplingParams(max_tokens=4))
+    # A token id past the vocabulary is refused by the scheduler; the engine keeps serving.
+    rejected, ok = llm.generate([[5, 100_000], [5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert rejected.finish_reason == "abort" and rejected.token_ids == []
+    assert len(ok.token_ids) == 3
+    assert llm._engine.is_alive()
     llm.shutdown()
     assert wait_gone(pids) == []

@@ -188,6 +188,18 @@ def test_stop_strings(
     assert token_ids == encode(tokenizer, SENTENCE)[: len(token_ids)]
 
 
+def test_stop_strings_wait_for_min_tokens(tokenizer: Tokenizer) -> None:
+    """As in vLLM: "The" at the very start does not stop a request that must produce 3 tokens first."""
+    output_ids = encode(tokenizer, "The cat saw The end")
+    for min_tokens, expected in ((0, ""), (3, "The cat saw ")):
+        detokenizer = Detokenizer(tokenizer)
+        request = DetokenizeRequest("r", encode(tokenizer, PROMPT), ["The"], min_tokens=min_tokens)
+        detokenizer.process(TokenBatch(new_requests=[request]))
+        deltas = stream(detokenizer, output_ids)
+        assert joined(deltas) == expected
+        assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", "The")
+
+
 def test_updates_after_a_stop_string_are_ignored(tokenizer: Tokenizer) -> None:
     detokenizer = Detokenizer(tokenizer)
     start_request(detokenizer, tokenizer, stop=("Paris",))

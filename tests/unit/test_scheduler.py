@@ -619,6 +619,12 @@ def test_add_request_rejects_prompts_that_cannot_run(prompt: list[int], message:
         Scheduler(make_config()).add_request(request("r", prompt))
 
 
+@pytest.mark.parametrize("prompt", [[1, 600], [-1, 2]])
+def test_add_request_rejects_token_ids_outside_the_vocabulary(prompt: list[int]) -> None:
+    with pytest.raises(ValueError, match=r"in \[0, 512\)"):
+        Scheduler(make_config(vocab_size=512)).add_request(request("r", prompt))
+
+
 def test_add_request_rejects_max_tokens_below_one() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         Scheduler(make_config()).add_request(request("r", [1], max_tokens=0))

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from rapid_llm.config import ModelConfig
 from rapid_llm.model_loader import load_model
-from rapid_llm.model_loader.weight_mapping import (
+from rapid_llm.models.weight_mapping import (
     LLAMA_STACKED_PARAMS,
     checkpoint_name_of,
     expected_shards,
