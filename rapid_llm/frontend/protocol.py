@@ -9,7 +9,7 @@ mapped back to the request's own names (`max_completion_tokens`, `top_logprobs`)
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -30,26 +30,70 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+def _unsupported_value(name: str, value: Any) -> bool:
+    """True for a setting of a known OpenAI/vLLM field that rapid_llm cannot honour yet."""
+    if name == "response_format":
+        return not (isinstance(value, dict) and value.get("type") == "text")
+    if name == "tool_choice":
+        return value != "none"
+    return bool(value)
+
+
 class GenerationRequest(msgspec.Struct, kw_only=True):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras)."""
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras).
+
+    Unknown fields are ignored, but known ones that would change the output and are not supported
+    yet (logit_bias, response_format, tools, ...) are refused, so nobody silently gets the wrong thing.
+    """
+
+    # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
+    null_means: ClassVar[dict[str, Any]] = {"n": 1, "stream": False, "ignore_eos": False,
+                                            "skip_special_tokens": True}
 
     model: str | None = None
-    n: int = 1
+    n: int | None = 1
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool | None = False
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool | None = True
+    logit_bias: dict[str, float] | None = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    def __post_init__(self) -> None:
+        for name, default in self.null_means.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+
+    def _reject_unsupported(self) -> None:
+        unsupported = ("logit_bias", "response_format", "tools", "tool_choice", "prompt_logprobs",
+                       "include_stop_str_in_output", "guided_json", "guided_regex", "guided_choice",
+                       "guided_grammar")
+        for name in unsupported:
+            value = getattr(self, name)
+            if value is not None and _unsupported_value(name, value):
+                raise bad_request(f"{name} is not supported by rapid_llm yet", param=name)
+        if self.best_of is not None and self.best_of != self.n:
+            raise bad_request("best_of other than n is not supported by rapid_llm yet", param="best_of")
 
     @property
     def include_usage(self) -> bool:
@@ -59,6 +103,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         self, max_tokens: int, logprobs: int | None, renames: dict[str, str]
     ) -> SamplingParams:
         """Validated params; `renames` maps SamplingParams field names to this request's names."""
+        self._reject_unsupported()
         if self.n > MAX_N:
             raise bad_request(f"n must be at most {MAX_N}, got {self.n}", param="n")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -93,11 +138,12 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
+    null_means: ClassVar[dict[str, Any]] = {**GenerationRequest.null_means, "echo": False}
     # One prompt: text, token ids, or a batch list holding exactly one of those.
     prompt: str | list[int | str | list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = False
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         return self._sampling_params(max_tokens, self.logprobs, {})
@@ -115,12 +161,14 @@ class ChatMessage(msgspec.Struct):
 
 
 class ChatCompletionRequest(GenerationRequest, kw_only=True):
+    null_means: ClassVar[dict[str, Any]] = {**GenerationRequest.null_means, "logprobs": False,
+                                            "add_generation_prompt": True}
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = True
     chat_template_kwargs: dict[str, Any] | None = None
 
     @property

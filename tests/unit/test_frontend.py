@@ -100,6 +100,29 @@ async def test_completion_defaults_and_token_prompts(client: httpx.AsyncClient, 
     assert (third, p3.stop, p3.seed, p3.top_k) == (engine.tokenizer.encode("Hi"), ["Paris"], 3, 5)
 
 
+async def test_explicit_nulls_mean_the_defaults(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    nulls = {"n": None, "stream": None, "ignore_eos": None, "skip_special_tokens": None}
+    response = await client.post("/v1/completions", json={"prompt": "Hi", "echo": None, **nulls})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "logprobs": None, **nulls}
+    response = await client.post("/v1/chat/completions", json=chat)
+    assert response.status_code == 200 and response.json()["choices"][0]["logprobs"] is None
+    assert engine.requests[-1][2].skip_special_tokens is True
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+     ("tool_choice", "auto"), ("best_of", 3), ("prompt_logprobs", 1), ("include_stop_str_in_output", True),
+     ("guided_json", {"type": "object"})],
+)
+async def test_known_but_unsupported_fields_are_refused(client: httpx.AsyncClient, field: str, value: object) -> None:
+    response = await client.post("/v1/completions", json={"prompt": "Hi", field: value})
+    assert response.status_code == 400 and response.json()["error"]["param"] == field
+    harmless = {"logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "best_of": 1}
+    assert (await client.post("/v1/completions", json={"prompt": "Hi", **harmless})).status_code == 200
+
+
 async def test_chat_completion(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     body = (await client.post("/v1/chat/completions", json=CHAT)).json()
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
