@@ -113,4 +113,4 @@ async def create_chat_completion(serving: Serving, request: Request) -> Response
     )
     params = body.sampling_params(max_tokens)
     fmt = ChatFormat(serving.token_strings, params.logprobs is not None)
-    return await serving.respond(request, fmt, body, prompt_ids, params)
+    return await serving.respond(request, fmt, body, [(prompt_ids, params)])

@@ -168,9 +168,9 @@ class Serving:
         request: Request,
         fmt: ResponseFormat,
         body: GenerationRequest,
-        prompt_ids: list[int],
-        params: SamplingParams,
+        prompts: list[tuple[list[int], SamplingParams]],
     ) -> Response:
+        """Generate every choice of every prompt; choice index = prompt index * n + i (as vLLM)."""
         envelope = {
             "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
             "object": fmt.object_name,
@@ -178,39 +178,44 @@ class Serving:
             "model": self.engine.model_name,
         }
         # Each choice is its own engine request; seed + i keeps them different yet reproducible.
-        per_choice = [
-            msgspec.structs.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        choices = [
+            (prompt_ids, msgspec.structs.replace(params, n=1, seed=None if params.seed is None else params.seed + i))
+            for prompt_ids, params in prompts
             for i in range(params.n)
         ]
+        num_prompt_tokens = sum(len(prompt_ids) for prompt_ids, _ in prompts)
+        n = len(choices) // len(prompts)
         if body.stream:
             envelope["object"] = fmt.chunk_object_name
-            return EventStreamResponse(self._stream(envelope, fmt, prompt_ids, per_choice, body.include_usage))
-        outputs = await run_unless_disconnected(self._collect(envelope["id"], prompt_ids, per_choice), request.receive)
+            return EventStreamResponse(
+                self._stream(envelope, fmt, choices, num_prompt_tokens, n, body.include_usage))
+        outputs = await run_unless_disconnected(self._collect(envelope["id"], choices, num_prompt_tokens),
+                                                request.receive)
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
         completion_tokens = sum(len(out.token_ids) for out in outputs)
-        cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs])
+        cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs], n)
         return json_response(
             {
                 **envelope,
                 "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
-                "usage": usage(len(prompt_ids), completion_tokens, cached_tokens),
+                "usage": usage(num_prompt_tokens, completion_tokens, cached_tokens),
             }
         )
 
-    def _cached_tokens(self, per_choice: list[int]) -> int | None:
+    def _cached_tokens(self, per_choice: list[int], n: int) -> int | None:
         """Cached prompt tokens for the usage object; None when the engine has no prefix cache."""
         if not self.engine.enable_prefix_caching:
             return None
-        # Prompt tokens count once for all choices, so cached ones do too: those cached for every choice.
-        return min(per_choice)
+        # A prompt's tokens count once for its n choices, so cached ones do too: those cached for all n.
+        return sum(min(per_choice[start : start + n]) for start in range(0, len(per_choice), n))
 
     async def _collect(
-        self, request_id: str, prompt_ids: list[int], per_choice: list[SamplingParams]
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int
     ) -> list[ChoiceOutput]:
-        outputs = [ChoiceOutput() for _ in per_choice]
-        async with aclosing(self._deltas(request_id, prompt_ids, per_choice)) as deltas:
+        outputs = [ChoiceOutput() for _ in choices]
+        async with aclosing(self._deltas(request_id, choices, num_prompt_tokens)) as deltas:
             async for index, delta in deltas:
                 outputs[index].add(delta)
         return outputs
@@ -219,18 +224,19 @@ class Serving:
         self,
         envelope: dict[str, Any],
         fmt: ResponseFormat,
-        prompt_ids: list[int],
-        per_choice: list[SamplingParams],
+        choices: list[tuple[list[int], SamplingParams]],
+        num_prompt_tokens: int,
+        n: int,
         include_usage: bool,
     ) -> AsyncIterator[bytes]:
-        num_choices = len(per_choice)
+        num_choices = len(choices)
         # Tokens whose text the detokenizer still holds back wait here, so that no chunk is empty.
         pending = [ChoiceOutput() for _ in range(num_choices)]
         opened = [False] * num_choices
         cached = [0] * num_choices
         completion_tokens = 0
         try:
-            async with aclosing(self._deltas(envelope["id"], prompt_ids, per_choice)) as deltas:
+            async with aclosing(self._deltas(envelope["id"], choices, num_prompt_tokens)) as deltas:
                 async for index, delta in deltas:
                     completion_tokens += len(delta.token_ids)
                     cached[index] = max(cached[index], delta.num_cached_tokens)
@@ -257,17 +263,18 @@ class Serving:
             yield DONE_EVENT
             return
         if include_usage:
-            total = usage(len(prompt_ids), completion_tokens, self._cached_tokens(cached))
+            total = usage(num_prompt_tokens, completion_tokens, self._cached_tokens(cached, n))
             yield sse_event({**envelope, "choices": [], "usage": total})
         yield DONE_EVENT
 
     async def _deltas(
-        self, request_id: str, prompt_ids: list[int], per_choice: list[SamplingParams]
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int
     ) -> AsyncIterator[tuple[int, TextDelta]]:
         """(choice index, delta) as they arrive; closing this aborts every unfinished choice."""
-        tracker = self.metrics.track(len(prompt_ids), len(per_choice))
+        tracker = self.metrics.track(num_prompt_tokens, len(choices))
         generators = [
-            self.engine.generate(f"{request_id}-{i}", prompt_ids, params) for i, params in enumerate(per_choice)
+            self.engine.generate(f"{request_id}-{i}", prompt_ids, params)
+            for i, (prompt_ids, params) in enumerate(choices)
         ]
         try:
             async with aclosing(_merge(generators)) as merged:

@@ -1,4 +1,4 @@
-"""POST /v1/completions: one prompt (text or token ids) in, `text_completion` objects out.
+"""POST /v1/completions: a prompt (text or token ids) or a batch of them in, `text_completion` objects out.
 
 Key design choice: only the prompt handling and the completions shape of a choice live here
 (logprobs in the legacy `tokens / token_logprobs / top_logprobs / text_offset` layout); the
@@ -72,28 +72,33 @@ class CompletionFormat:
         }
 
 
-def _prompt_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("prompt must not be empty", param="prompt")
-        return serving.engine.tokenizer.encode(prompt)
-    if not all(isinstance(item, int) for item in prompt):
-        raise bad_request(
-            "prompt must be one string or one list of token ids; send one request per prompt", param="prompt"
-        )
-    token_ids: list[int] = prompt  # type: ignore[assignment]  # all ints, checked above
-    serving.check_prompt_ids(token_ids, "prompt")
-    return token_ids
+def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[list[int]]:
+    """One prompt (text or token ids) or a batch of them (texts or token-id lists), as token ids."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(item, int) for item in prompt)):
+        prompts: list[str | list[int]] = [prompt]  # type: ignore[list-item]  # one prompt
+    elif prompt and all(isinstance(item, (str, list)) for item in prompt):
+        prompts = prompt  # type: ignore[assignment]  # a batch: strings or token-id lists
+    else:
+        raise bad_request("prompt must be a string, a list of token ids, or a list of either", param="prompt")
+    token_id_lists = []
+    for item in prompts:
+        if isinstance(item, str):
+            if not item:
+                raise bad_request("prompt must not be empty", param="prompt")
+            token_id_lists.append(serving.engine.tokenizer.encode(item))
+        else:  # msgspec has checked that a nested list holds integers only
+            serving.check_prompt_ids(item, "prompt")
+            token_id_lists.append(item)
+    return token_id_lists
 
 
 async def create_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, CompletionRequest)
     if body.echo:
         raise bad_request("echo is not supported", param="echo")
-    prompt_ids = _prompt_token_ids(serving, body.prompt)
-    max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
-    params = body.sampling_params(max_tokens)
-    fmt = CompletionFormat(serving.token_strings, params.logprobs is not None)
-    return await serving.respond(request, fmt, body, prompt_ids, params)
+    prompts = []
+    for prompt_ids in _prompts_token_ids(serving, body.prompt):
+        max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
+        prompts.append((prompt_ids, body.sampling_params(max_tokens)))
+    fmt = CompletionFormat(serving.token_strings, prompts[0][1].logprobs is not None)
+    return await serving.respond(request, fmt, body, prompts)

@@ -71,6 +71,14 @@ def test_seed_reproduces_and_n_gives_distinct_choices(client: openai.OpenAI) -> 
     assert several.usage.completion_tokens == 48
 
 
+def test_a_batch_of_prompts(client: openai.OpenAI) -> None:
+    kwargs = dict(model="tiny", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    batch = client.completions.create(prompt=[PROMPT, "Another prompt"], **kwargs)
+    alone = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in (PROMPT, "Another prompt")]
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == alone
+    assert batch.usage.completion_tokens == 12
+
+
 def test_logprobs(client: openai.OpenAI) -> None:
     response = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
     logprobs = response.choices[0].logprobs

@@ -157,6 +157,27 @@ async def test_chat_content_parts_and_max_completion_tokens(client: httpx.AsyncC
     assert "What is\nthe capital?" in engine.tokenizer.decode(prompt_ids)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_batch_of_prompts_gives_n_choices_each(client: httpx.AsyncClient, engine: FakeEngine,
+                                                       stream: bool) -> None:
+    """As in vLLM: choice index = prompt index * n + i; prompt tokens summed over the prompts."""
+    request = {"prompt": ["Hi", [5, 6, 7]], "n": 2, "max_tokens": 64, "stream": stream,
+               "stream_options": {"include_usage": True}}
+    response = await client.post("/v1/completions", json=request)
+    prompts = [engine.tokenizer.encode("Hi"), [5, 6, 7]]
+    assert [ids for _, ids, _ in engine.requests] == [prompts[0], prompts[0], prompts[1], prompts[1]]
+    if stream:
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: {")]
+        indices = {choice["index"] for chunk in chunks for choice in chunk["choices"]}
+        usage_total = chunks[-1]["usage"]
+    else:
+        indices = {choice["index"] for choice in response.json()["choices"]}
+        usage_total = response.json()["usage"]
+    assert indices == {0, 1, 2, 3}
+    assert usage_total["prompt_tokens"] == len(prompts[0]) + len(prompts[1])
+
+
 async def test_n_fans_out_with_distinct_seeds(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     body = (await client.post("/v1/completions", json={"prompt": "Hi", "n": 3, "seed": 0, "max_tokens": 64})).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
@@ -320,7 +341,8 @@ async def test_openai_sdk_errors(sdk: openai.AsyncOpenAI) -> None:
         ("/v1/completions", {"max_tokens": 2}, "prompt"),
         ("/v1/completions", {"prompt": ""}, "prompt"),
         ("/v1/completions", {"prompt": []}, "prompt"),
-        ("/v1/completions", {"prompt": ["one", "two"]}, "prompt"),
+        ("/v1/completions", {"prompt": ["one", ""]}, "prompt"),
+        ("/v1/completions", {"prompt": [[1, 2], [3, "x"]]}, "prompt[1][1]"),
         ("/v1/completions", {"prompt": [1, 100000]}, "prompt"),
         ("/v1/completions", {"prompt": "Hi", "echo": True}, "echo"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
