@@ -148,6 +148,22 @@ class RotaryEmbedding(torch.nn.Module):
         angles = positions.to(torch.float32)[:, None] * inv_freq
         return angles.cos(), angles.sin()
 
+    def cos_sin(
+        self, positions: torch.Tensor, seq_lens: torch.Tensor | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, rotary_dim / 2] for `positions`, rounded to `dtype` once (where HF rounds)."""
+        if self.rope_type == "dynamic":
+            cos, sin = self._dynamic_cos_sin(positions, seq_lens)
+        else:
+            cos, sin = self.cos_cache[positions], self.sin_cache[positions]
+        return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
+
+    def apply(
+        self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k with precomputed `cos_sin` (shared by every layer of one forward)."""
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -160,16 +176,10 @@ class RotaryEmbedding(torch.nn.Module):
         `seq_lens` [T] (dynamic only; ignored otherwise): per token, its sequence's length after this
         step. Defaults to positions + 1.
         """
-        if self.rope_type == "dynamic":
-            cos, sin = self._dynamic_cos_sin(positions, seq_lens)
-        else:
-            cos, sin = self.cos_cache[positions], self.sin_cache[positions]
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        return self.apply(query, key, *self.cos_sin(positions, seq_lens, query.dtype))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], -1, self.head_dim)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = self.rotary_dim // 2
         x1, x2 = heads[..., :half], heads[..., half : self.rotary_dim]
         # Equals HF's x*cos + rotate_half(x)*sin op for op in x.dtype, without materialising rotate_half.

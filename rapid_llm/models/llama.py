@@ -57,7 +57,9 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(batch.positions, q, k, batch.token_seq_lens)
+        rope = self.rotary_emb
+        cos, sin = batch.once(rope, lambda: rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype))
+        q, k = rope.apply(q, k, cos, sin)
         return self.o_proj(self.attn(q, k, v, batch.attention))
 
 

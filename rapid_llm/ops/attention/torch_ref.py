@@ -110,9 +110,14 @@ class TorchReferenceBackend(AttentionBackend):
         num_kv_heads = key.shape[1]
         output = torch.empty_like(query)
         for group in metadata.groups:
-            padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
-            padded_query[group.padded_index] = query[group.token_index]
-            padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads, head_dim).transpose(1, 2)
+            if group.max_query_len == 1:
+                # Decodes: one query per sequence, already in padded order, so no scatter is needed.
+                padded_query = query[group.token_index].unsqueeze(2)
+            else:
+                padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
+                padded_query[group.padded_index] = query[group.token_index]
+                padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads,
+                                                 head_dim).transpose(1, 2)
             # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
             history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
             attended = F.scaled_dot_product_attention(
@@ -123,6 +128,9 @@ class TorchReferenceBackend(AttentionBackend):
                 scale=scale,
                 enable_gqa=num_heads != num_kv_heads,
             )
+            if group.max_query_len == 1:
+                output[group.token_index] = attended.squeeze(2).to(query.dtype)
+                continue
             flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
             output[group.token_index] = flat[group.padded_index].to(query.dtype)
         return output
