@@ -61,14 +61,9 @@ def _serve(args: Any, started: float) -> int:
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
-    from rapid_llm.utils.demo_checkpoint import ensure_demo_checkpoint
+    from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 
-    model_dir = args.model
-    if model_dir is None:
-        demo_dir, built = ensure_demo_checkpoint()
-        model_dir = str(demo_dir)
-        logger.info("no --model given: serving the built-in demo checkpoint (random weights, locally built "
-                    "tokenizer) %s %s", "built now at" if built else "from", model_dir)
+    model_dir = model_dir_or_demo(args.model)
     try:
         config = args.engine_config(model_dir)
     except (ValueError, OSError) as error:
@@ -79,17 +74,12 @@ def _serve(args: Any, started: float) -> int:
                 config.device.torch_device)
 
     engine = EngineProcesses(config)
-    engine.start()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer, trust_remote_code=args.trust_remote_code)
-        engine.wait_until_ready()
+        tokenizer = engine.start_while(
+            lambda: AutoTokenizer.from_pretrained(config.tokenizer, trust_remote_code=args.trust_remote_code))
     except (EngineStartupError, OSError, ValueError) as error:
-        engine.shutdown()
         logger.error("start-up failed: %s", error)
         return 1
-    except BaseException:
-        engine.shutdown()
-        raise
 
     server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
                    "version": rapid_llm.__version__}

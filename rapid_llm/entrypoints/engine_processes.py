@@ -14,7 +14,7 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from rapid_llm.config import EngineConfig
 from rapid_llm.detokenizer_proc.process import run_detokenizer
@@ -24,6 +24,7 @@ from rapid_llm.worker_proc.process import run_worker
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
 def _read_report(pipe: Connection) -> tuple[str, Any]:
@@ -62,6 +63,18 @@ class EngineProcesses:
         self._started_at = time.perf_counter()
         for process in self.processes.values():
             process.start()
+
+    def start_while(self, prepare: Callable[[], T]) -> T:
+        """Start the children, run `prepare` (e.g. load the tokenizer) while they load, wait until they
+        are ready and return its result; on any failure every child is stopped before it propagates."""
+        self.start()
+        try:
+            result = prepare()
+            self.wait_until_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        return result
 
     def wait_until_ready(self) -> None:
         """Wait until every child reported ready; raise EngineStartupError (children stopped) otherwise."""

@@ -66,24 +66,17 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         from transformers import AutoTokenizer
 
-        from rapid_llm.utils.demo_checkpoint import ensure_demo_checkpoint
+        from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 
         args = ServerArgs(model=model, **engine_args)
-        model_dir = model or str(ensure_demo_checkpoint()[0])
-        self.config = args.engine_config(model_dir)
+        self.config = args.engine_config(model_dir_or_demo(model))
         self._engine = EngineProcesses(self.config)
-        self._engine.start()
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer,
-                                                           trust_remote_code=args.trust_remote_code)
-            self._context = zmq.Context()
-            self._requests = Sender(self._context, self._engine.paths.frontend_to_scheduler)
-            self._texts: Receiver[TextBatch] = Receiver(self._context, self._engine.paths.detokenizer_to_frontend,
-                                                        TextBatch)
-            self._engine.wait_until_ready()
-        except BaseException:
-            self._engine.shutdown()
-            raise
+        self._context = zmq.Context()
+        self.tokenizer = self._engine.start_while(
+            lambda: AutoTokenizer.from_pretrained(self.config.tokenizer, trust_remote_code=args.trust_remote_code))
+        self._requests = Sender(self._context, self._engine.paths.frontend_to_scheduler)
+        self._texts: Receiver[TextBatch] = Receiver(self._context, self._engine.paths.detokenizer_to_frontend,
+                                                    TextBatch)
         self._request_ids = (f"offline-{next(_instance_ids)}-{i}" for i in itertools.count())
         atexit.register(self.shutdown)
 

@@ -7,6 +7,7 @@ produces random text; it exists to show the server working, not to answer questi
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
 
+logger = logging.getLogger(__name__)
 DEMO_NAME = "demo-llama-v1"
 DEMO_CONFIG = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
                "intermediate_size": 512, "max_position_embeddings": 2048}
@@ -36,3 +38,13 @@ def ensure_demo_checkpoint() -> tuple[Path, bool]:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target, True
+
+
+def model_dir_or_demo(model: str | None) -> str:
+    """`model`, or the demo checkpoint (built on first use, and said so in the log) when it is None."""
+    if model is not None:
+        return model
+    demo_dir, built = ensure_demo_checkpoint()
+    logger.info("no model given: serving the built-in demo checkpoint (random weights, locally built tokenizer) "
+                "%s %s", "built now at" if built else "from", demo_dir)
+    return str(demo_dir)
