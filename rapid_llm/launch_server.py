@@ -66,6 +66,7 @@ def _serve(args: Any, started: float) -> int:
     model_dir = model_dir_or_demo(args.model)
     try:
         config = args.engine_config(model_dir)
+        frontend_options = args.frontend_options()
     except (ValueError, OSError) as error:
         logger.error("invalid configuration: %s", error)
         return 2
@@ -86,7 +87,7 @@ def _serve(args: Any, started: float) -> int:
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
                                config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching,
                                server_info)
-    app = build_app(manager, api_key=args.api_key)
+    app = build_app(manager, frontend_options)
     # A bounded graceful shutdown: after a child dies, open streams end with an error, not a hang.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=args.log_level == "debug", loop="none",

@@ -15,11 +15,11 @@ DEFAULT_PORT = 30000
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
-def parse_size(text: str) -> int:
-    """'4GiB', '512M', '1.5g' or a plain byte count -> bytes."""
+def parse_size(text: str, flag: str) -> int:
+    """'4GiB', '512M', '1.5g' or a plain byte count -> bytes; errors name `flag`."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
     if not match:
-        raise ValueError(f"--kv-cache-memory {text!r} is not a size; write e.g. 4GiB, 512MiB or a byte count")
+        raise ValueError(f"{flag} {text!r} is not a size; write e.g. 4GiB, 512MiB or a byte count")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
@@ -51,6 +51,12 @@ class ServerArgs:
     attention_backend: str = field(default="auto", metadata={"help": "Attention backend (auto or torch)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom code in the checkpoint."})
     api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer KEY'."})
+    chat_template: str | None = field(default=None, metadata={"help": "Chat template replacing the tokenizer's: "
+                                      "a file, or the jinja template itself."})
+    trust_request_chat_template: bool = field(default=False, metadata={"help": "Honour chat templates sent with "
+                                              "a request (refused by default: they run on the server)."})
+    max_request_body_size: str = field(default="8MiB", metadata={"help": "Largest request body accepted; larger "
+                                       "ones get a 413."})
     disable_async_scheduling: bool = field(default=False, metadata={"help": "Plan each step only after the "
                                            "previous one finished (lock-step)."})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse the KV cache of full blocks that "
@@ -84,6 +90,18 @@ class ServerArgs:
         cls.add_cli_args(parser)
         return cls(**vars(parser.parse_args(argv)))
 
+    def frontend_options(self):
+        """The HTTP server's settings (chat template read from its file); errors name the flag."""
+        from rapid_llm.frontend.chat_template import load_chat_template
+        from rapid_llm.frontend.options import FrontendOptions
+
+        return FrontendOptions(
+            api_key=self.api_key,
+            max_request_body_bytes=parse_size(self.max_request_body_size, "--max-request-body-size"),
+            chat_template=None if self.chat_template is None else load_chat_template(self.chat_template),
+            trust_request_chat_template=self.trust_request_chat_template,
+        )
+
     def engine_config(self, model_dir: str):
         """Resolve and validate every setting; errors name the flag and the fix."""
         from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -95,7 +113,7 @@ class ServerArgs:
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
-            kv_cache_memory_bytes=parse_size(self.kv_cache_memory) if self.kv_cache_memory else None,
+            kv_cache_memory_bytes=parse_size(self.kv_cache_memory, "--kv-cache-memory") if self.kv_cache_memory else None,
             num_blocks=self.num_kv_blocks,
             gpu_memory_utilization=self.gpu_memory_utilization,
         )

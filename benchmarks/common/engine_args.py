@@ -11,7 +11,8 @@ import dataclasses
 from typing import Any
 
 # HTTP-only settings, and the ones the benchmarks define themselves.
-EXCLUDED = frozenset({"model", "tokenizer", "served_model_name", "host", "port", "api_key"})
+EXCLUDED = frozenset({"model", "tokenizer", "served_model_name", "host", "port", "api_key", "chat_template",
+                      "trust_request_chat_template", "max_request_body_size"})
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

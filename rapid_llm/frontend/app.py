@@ -1,9 +1,9 @@
 """The Starlette app: OpenAI routes plus /health, /version, /metrics, /server_info and /flush_cache.
 
 Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
-INFO line (no traceback), server faults with their traceback -- and the API key, when set, guards
-only /v1/* and the state-changing /flush_cache, so that probes and Prometheus scrapes need no secret
-(as in vLLM).
+INFO line (no traceback), server faults with their traceback in the log and only a request id in the
+body -- and the API key, when set, guards /v1/*, the state-changing /flush_cache and /server_info
+(it shows paths), so that probes and Prometheus scrapes need no secret (as in vLLM).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+import uuid
 from typing import Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -26,13 +27,15 @@ from rapid_llm.frontend.engine_client import EngineClient
 from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from rapid_llm.frontend.serving_chat import create_chat_completion
-from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.options import FrontendOptions
+from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
+from rapid_llm.frontend.serving_common import Serving, internal_error, json_response
 from rapid_llm.frontend.serving_completions import create_completion
 
 logger = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-_GUARDED_PATHS = ("/v1", "/flush_cache")
+_GUARDED_PATHS = ("/v1", "/flush_cache", "/server_info")
 
 
 def _client_error(request: Request, error: OpenAIError) -> Response:
@@ -48,9 +51,10 @@ def _guarded(handler: Callable[[Serving, Request], Awaitable[Response]], serving
             return await handler(serving, request)
         except OpenAIError as error:
             return _client_error(request, error)
-        except Exception as exc:
-            logger.exception("%s %s failed", request.method, request.url.path)
-            return OpenAIError(500, f"internal server error: {exc}").to_response()
+        except Exception:
+            error_id = uuid.uuid4().hex
+            logger.exception("%s %s failed (request id %s)", request.method, request.url.path, error_id)
+            return internal_error(error_id).to_response()
 
     return endpoint
 
@@ -61,16 +65,17 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 class _ApiKeyMiddleware:
-    """Rejects /v1/* and /flush_cache requests without `Authorization: Bearer <api_key>` with a 401."""
+    """Rejects guarded requests without `Authorization: Bearer <api_key>` (scheme in any case) with a 401."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(_GUARDED_PATHS) and scope["method"] != "OPTIONS":
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            if not secrets.compare_digest(given, self.expected):
+            scheme, _, token = given.strip().partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.expected):
                 error = OpenAIError(401, "Invalid or missing API key.", code="invalid_api_key")
                 logger.info("%s %s -> 401: %s", scope["method"], scope["path"], error.message)
                 await error.to_response()(scope, receive, send)
@@ -86,9 +91,9 @@ async def flush_cache(serving: Serving, request: Request) -> Response:
     return json_response({"flushed": True})
 
 
-def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
-    """The HTTP app serving `engine`; `api_key` (if given) is required on every /v1 route and /flush_cache."""
-    serving = Serving(engine, FrontendMetrics(engine.model_name))
+def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()) -> Starlette:
+    """The HTTP app serving `engine` with the limits, API key and chat-template policy of `options`."""
+    serving = Serving(engine, FrontendMetrics(engine.model_name), options)
     created = int(time.time())
 
     async def models(request: Request) -> Response:
@@ -126,5 +131,6 @@ def build_app(engine: EngineClient, api_key: str | None = None) -> Starlette:
         Route("/server_info", server_info, methods=["GET"]),
         Route("/flush_cache", _guarded(flush_cache, serving), methods=["POST"]),
     ]
-    middleware = [Middleware(_ApiKeyMiddleware, api_key=api_key)] if api_key else []
+    middleware = [Middleware(_ApiKeyMiddleware, api_key=options.api_key)] if options.api_key else []
+    middleware.append(Middleware(RequestLimitsMiddleware, max_body_bytes=options.max_request_body_bytes))
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception})

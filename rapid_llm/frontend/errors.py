@@ -18,6 +18,8 @@ _ERROR_TYPES = {
     HTTPStatus.UNAUTHORIZED: "AuthenticationError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
     HTTPStatus.METHOD_NOT_ALLOWED: "MethodNotAllowedError",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "RequestTooLargeError",
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "UnsupportedMediaTypeError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
 }
@@ -44,8 +46,9 @@ class OpenAIError(Exception):
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def to_response(self) -> Response:
-        return Response(msgspec.json.encode(self.body()), status_code=self.status, media_type="application/json")
+    def to_response(self, headers: dict[str, str] | None = None) -> Response:
+        return Response(msgspec.json.encode(self.body()), status_code=self.status, headers=headers,
+                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

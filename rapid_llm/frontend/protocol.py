@@ -9,7 +9,7 @@ mapped back to the request's own names (`max_completion_tokens`, `top_logprobs`)
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -154,8 +154,12 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
+# OpenAI's roles; anything else would reach the chat template verbatim (prompt-format injection).
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(msgspec.Struct):
-    role: str
+    role: ChatRole
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
@@ -169,7 +173,18 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = True
+    chat_template: str | None = None  # honoured only with --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def request_chat_template(self) -> str | None:
+        """A template the request brings, top-level (vLLM's field) or inside chat_template_kwargs."""
+        kwargs_template = (self.chat_template_kwargs or {}).get("chat_template")
+        return self.chat_template if self.chat_template is not None else kwargs_template
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.chat_template_kwargs or {}).items() if k != "chat_template"}
 
     @property
     def max_tokens_param(self) -> str:

@@ -7,9 +7,9 @@ choice with a `{"role": "assistant", "content": ""}` chunk, as vLLM and OpenAI d
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-import jinja2
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -85,29 +85,19 @@ def _message_dict(message: ChatMessage) -> dict[str, str]:
     return rendered
 
 
-def _prompt_token_ids(serving: Serving, body: ChatCompletionRequest) -> list[int]:
+async def _prompt_token_ids(serving: Serving, body: ChatCompletionRequest) -> list[int]:
     if not body.messages:
         raise bad_request("messages must not be empty", param="messages")
-    tokenizer = serving.engine.tokenizer
     messages = [_message_dict(message) for message in body.messages]
-    # The request's own template options go first so that they cannot override what this route needs.
-    options = {
-        **(body.chat_template_kwargs or {}),
-        "tokenize": False,
-        "add_generation_prompt": body.add_generation_prompt,
-    }
-    try:
-        text = tokenizer.apply_chat_template(messages, **options)
-    except (jinja2.TemplateError, TypeError, ValueError) as exc:
-        raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from None
-    token_ids = tokenizer.encode(text, add_special_tokens=False)
-    serving.check_prompt_ids(token_ids, "messages")
-    return token_ids
+    serving.check_text_length(sum(len(message["content"]) for message in messages), "messages")
+    text = await asyncio.to_thread(serving.chat_template.render, messages, body.add_generation_prompt,
+                                   body.template_kwargs, body.request_chat_template)
+    return await serving.encode(text, "messages", add_special_tokens=False)
 
 
 async def create_chat_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, ChatCompletionRequest)
-    prompt_ids = _prompt_token_ids(serving, body)
+    prompt_ids = await _prompt_token_ids(serving, body)
     max_tokens = serving.resolve_max_tokens(
         len(prompt_ids), body.requested_max_tokens, body.max_tokens_param, "messages"
     )

@@ -20,10 +20,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rapid_llm.frontend.chat_template import ChatTemplate
 from rapid_llm.frontend.engine_client import EngineClient
 from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.metrics import FrontendMetrics
+from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
+from rapid_llm.frontend.request_limits import check_json_depth, read_body
 from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
 from rapid_llm.ipc.messages import TextDelta, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
@@ -101,6 +104,11 @@ def clamp_logprob(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
+def internal_error(request_id: str) -> OpenAIError:
+    """A 500 whose body names only the request id: the exception text stays in the server log."""
+    return OpenAIError(500, f"internal server error (request id {request_id}); see the server log")
+
+
 def json_response(payload: object) -> Response:
     return Response(msgspec.json.encode(payload), media_type="application/json")
 
@@ -115,14 +123,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     }
 
 
-class Serving:
-    """Engine-facing work of the generation routes; one per app."""
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token can stand for: every vocabulary entry's length bounds its text
+    (a byte-level BPE entry holds one character per byte, never fewer characters than it decodes to)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
 
-    def __init__(self, engine: EngineClient, metrics: FrontendMetrics) -> None:
+
+class Serving:
+    """Engine-facing work of the generation routes; one per app.
+
+    Tokenization and chat-template rendering run in worker threads, so one large or slow request
+    never holds up the event loop (health checks, other requests' streams).
+    """
+
+    def __init__(self, engine: EngineClient, metrics: FrontendMetrics, options: FrontendOptions) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.options = options
         self.token_strings = TokenStrings(engine.tokenizer)
         self.vocab_size = len(engine.tokenizer)
+        self.chat_template = ChatTemplate(engine.tokenizer, options.chat_template,
+                                          options.trust_request_chat_template)
+        # Text longer than this cannot fit max_model_len whatever it says, so it is refused untokenized.
+        self.max_prompt_chars = engine.max_model_len * longest_token_chars(engine.tokenizer)
 
     def check_engine(self) -> None:
         if not self.engine.is_healthy():
@@ -131,9 +154,36 @@ class Serving:
 
     async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
         self.check_engine()
-        body = decode_request(await request.body(), request_type)
+        raw = await read_body(request, self.options.max_request_body_bytes)
+        check_json_depth(raw)
+        body = decode_request(raw, request_type)
         check_model(body.model, self.engine.model_name)
         return body
+
+    def check_text_length(self, num_chars: int, param: str) -> None:
+        """A cheap refusal before tokenizing: more characters than max_model_len tokens can cover."""
+        if num_chars > self.max_prompt_chars:
+            limit = self.engine.max_model_len
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your request's {param} has "
+                f"{num_chars} characters, more than {limit} tokens can hold. Please reduce the length of the "
+                f"{param}.", param=param, code="context_length_exceeded")
+
+    async def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (tokenized in a worker thread), checked like any prompt."""
+        self.check_text_length(len(text), param)
+        token_ids = await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        self.check_prompt_ids(token_ids, param)
+        return token_ids
+
+    def check_vocab_params(self, params: SamplingParams) -> None:
+        """Token ids and counts in the sampling params that only the vocabulary bounds."""
+        if any(token_id >= self.vocab_size for token_id in params.stop_token_ids):
+            raise bad_request(f"stop_token_ids has token ids outside the vocabulary [0, {self.vocab_size})",
+                              param="stop_token_ids")
+        if params.top_k > self.vocab_size:
+            raise bad_request(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}",
+                              param="top_k")
 
     def check_prompt_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:
@@ -171,6 +221,8 @@ class Serving:
         prompts: list[tuple[list[int], SamplingParams]],
     ) -> Response:
         """Generate every choice of every prompt; choice index = prompt index * n + i (as vLLM)."""
+        for _, params in prompts:
+            self.check_vocab_params(params)
         envelope = {
             "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
             "object": fmt.object_name,
@@ -257,9 +309,9 @@ class Serving:
             yield sse_event(error.body())
             yield DONE_EVENT
             return
-        except Exception as exc:
+        except Exception:
             logger.exception("%s: generation failed", envelope["id"])
-            yield sse_event(OpenAIError(500, f"generation failed: {exc}").body())
+            yield sse_event(internal_error(envelope["id"]).body())
             yield DONE_EVENT
             return
         if include_usage:

@@ -72,7 +72,7 @@ class CompletionFormat:
         }
 
 
-def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[list[int]]:
+async def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[list[int]]:
     """One prompt (text or token ids) or a batch of them (texts or token-id lists), as token ids."""
     if isinstance(prompt, str) or (prompt and all(isinstance(item, int) for item in prompt)):
         prompts: list[str | list[int]] = [prompt]  # type: ignore[list-item]  # one prompt
@@ -85,7 +85,7 @@ def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int
         if isinstance(item, str):
             if not item:
                 raise bad_request("prompt must not be empty", param="prompt")
-            token_id_lists.append(serving.engine.tokenizer.encode(item))
+            token_id_lists.append(await serving.encode(item, "prompt"))
         else:  # msgspec has checked that a nested list holds integers only
             serving.check_prompt_ids(item, "prompt")
             token_id_lists.append(item)
@@ -97,7 +97,7 @@ async def create_completion(serving: Serving, request: Request) -> Response:
     if body.echo:
         raise bad_request("echo is not supported", param="echo")
     prompts = []
-    for prompt_ids in _prompts_token_ids(serving, body.prompt):
+    for prompt_ids in await _prompts_token_ids(serving, body.prompt):
         max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
         prompts.append((prompt_ids, body.sampling_params(max_tokens)))
     fmt = CompletionFormat(serving.token_strings, prompts[0][1].logprobs is not None)

@@ -18,6 +18,7 @@ import pytest
 
 import rapid_llm
 from rapid_llm.frontend.app import build_app
+from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.ipc.messages import SchedulerStats
 from rapid_llm.utils.tiny_checkpoint import build_tokenizer
 from tests.unit.fake_engine import REPLIES, FakeEngine
@@ -365,7 +366,8 @@ async def test_bad_requests_name_the_field(
 
 async def test_malformed_json(client: httpx.AsyncClient) -> None:
     for body in (b"{not json", b"", b"[1, 2]"):
-        assert_error(await client.post("/v1/chat/completions", content=body), 400, None)
+        response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert_error(response, 400, None)
 
 
 async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
@@ -423,7 +425,7 @@ async def test_models_version_health(client: httpx.AsyncClient, engine: FakeEngi
 
 
 async def test_api_key(engine: FakeEngine) -> None:
-    app = build_app(engine, api_key="sesame")
+    app = build_app(engine, FrontendOptions(api_key="sesame"))
     async with _client(app) as anonymous, _client(app, authorization="Bearer wrong") as wrong:
         for http in (anonymous, wrong):
             response = await http.post("/v1/completions", json={"prompt": "Hi"})
@@ -499,7 +501,7 @@ async def test_flush_cache(client: httpx.AsyncClient, engine: FakeEngine) -> Non
 
 
 async def test_flush_cache_needs_the_api_key(engine: FakeEngine) -> None:
-    async with _client(build_app(engine, api_key="secret")) as http:
+    async with _client(build_app(engine, FrontendOptions(api_key="secret"))) as http:
         assert (await http.post("/flush_cache")).status_code == 401
         assert (await http.post("/flush_cache", headers={"Authorization": "Bearer secret"})).status_code == 200
 
