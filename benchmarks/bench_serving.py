@@ -30,7 +30,14 @@ import httpx
 from tqdm import tqdm
 
 from benchmarks.common.args import add_dataset_args, add_result_args
-from benchmarks.common.backends import DEFAULT_ENDPOINTS, REQUEST_FUNCS, RequestInput, auth_headers, open_session
+from benchmarks.common.backends import (
+    DEFAULT_ENDPOINTS,
+    REQUEST_FUNCS,
+    RequestInput,
+    auth_headers,
+    open_session,
+    status_hint,
+)
 from benchmarks.common.datasets import load_tokenizer, sample_requests
 from benchmarks.common.environment import collect_environment, fetch_server_info
 from benchmarks.common.metrics import (
@@ -44,6 +51,7 @@ from benchmarks.common.metrics import (
 )
 from benchmarks.common.results import save_result
 from benchmarks.common.traffic import arrival_offsets
+from rapid_llm.server_args import DEFAULT_PORT  # stdlib-only module: the client still imports no engine code
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="openai: /v1/completions; openai-chat: /v1/chat/completions.")
     parser.add_argument("--base-url", default=None, help="Server URL; overrides --host/--port.")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="Server port (default: rapid_llm's, %(default)s; vLLM's bench defaults to 8000).")
     parser.add_argument("--endpoint", default=None, help="API path (default: the backend's).")
     parser.add_argument("--model", default=None, help="Model to request (default: first of /v1/models).")
     parser.add_argument("--served-model-name", default=None, help="Name sent in requests when it differs from --model.")
@@ -87,6 +96,9 @@ def first_model(base_url: str) -> tuple[str, str]:
         response = httpx.get(f"{base_url}/v1/models", headers=auth_headers(), timeout=30.0)
         response.raise_for_status()
         models = response.json().get("data") or []
+    except httpx.HTTPStatusError as exc:
+        raise RuntimeError(f"cannot list models at {base_url}/v1/models: "
+                           f"HTTP {exc.response.status_code}{status_hint(exc.response.status_code)}") from None
     except (httpx.HTTPError, ValueError) as exc:
         raise RuntimeError(f"cannot list models at {base_url}/v1/models: {exc}") from None
     if not models:

@@ -57,6 +57,14 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def status_hint(status: int) -> str:
+    """What to do about an HTTP status the benchmark cannot fix itself ('' for the others)."""
+    if status == 401:
+        given = "is not the server's key" if os.environ.get("OPENAI_API_KEY") else "is not set"
+        return f" (OPENAI_API_KEY {given}; export the server's --api-key as OPENAI_API_KEY)"
+    return ""
+
+
 def completions_payload(request: RequestInput) -> dict[str, Any]:
     return {
         "model": request.model,
@@ -108,7 +116,7 @@ async def _stream_request(
         async with session.post(request.api_url, json=payload, headers=auth_headers()) as response:
             if response.status != 200:
                 body = (await response.read()).decode("utf-8", "replace")
-                outcome.error = f"HTTP {response.status} {response.reason}: {body[:500]}"
+                outcome.error = f"HTTP {response.status} {response.reason}{status_hint(response.status)}: {body[:500]}"
                 return outcome
             parser = SSEParser()
             async for chunk in response.content.iter_any():

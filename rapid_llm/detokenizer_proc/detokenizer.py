@@ -132,4 +132,6 @@ def _delta(
         stop_reason=stop_reason,
         num_prompt_tokens=update.num_prompt_tokens,
         num_cached_tokens=update.num_cached_tokens,
+        queue_time=update.queue_time,
+        prefill_time=update.prefill_time,
     )

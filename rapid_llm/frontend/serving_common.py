@@ -241,7 +241,7 @@ class Serving:
             envelope["object"] = fmt.chunk_object_name
             return EventStreamResponse(
                 self._stream(envelope, fmt, choices, num_prompt_tokens, n, body.include_usage))
-        outputs = await run_unless_disconnected(self._collect(envelope["id"], choices, num_prompt_tokens),
+        outputs = await run_unless_disconnected(self._collect(envelope["id"], choices, num_prompt_tokens, n),
                                                 request.receive)
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
@@ -264,10 +264,10 @@ class Serving:
         return sum(min(per_choice[start : start + n]) for start in range(0, len(per_choice), n))
 
     async def _collect(
-        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int
     ) -> list[ChoiceOutput]:
         outputs = [ChoiceOutput() for _ in choices]
-        async with aclosing(self._deltas(request_id, choices, num_prompt_tokens)) as deltas:
+        async with aclosing(self._deltas(request_id, choices, num_prompt_tokens, n)) as deltas:
             async for index, delta in deltas:
                 outputs[index].add(delta)
         return outputs
@@ -288,7 +288,7 @@ class Serving:
         cached = [0] * num_choices
         completion_tokens = 0
         try:
-            async with aclosing(self._deltas(envelope["id"], choices, num_prompt_tokens)) as deltas:
+            async with aclosing(self._deltas(envelope["id"], choices, num_prompt_tokens, n)) as deltas:
                 async for index, delta in deltas:
                     completion_tokens += len(delta.token_ids)
                     cached[index] = max(cached[index], delta.num_cached_tokens)
@@ -320,10 +320,10 @@ class Serving:
         yield DONE_EVENT
 
     async def _deltas(
-        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int
     ) -> AsyncIterator[tuple[int, TextDelta]]:
         """(choice index, delta) as they arrive; closing this aborts every unfinished choice."""
-        tracker = self.metrics.track(num_prompt_tokens, len(choices))
+        tracker = self.metrics.track(num_prompt_tokens, len(choices), n)
         generators = [
             self.engine.generate(f"{request_id}-{i}", prompt_ids, params)
             for i, (prompt_ids, params) in enumerate(choices)

@@ -133,6 +133,10 @@ class TokenUpdate(_Part):
     stop_reason: int | str | None = None  # the stop token id that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # On a request's first update with tokens only: seconds from arrival at the scheduler to its first
+    # admission, and from that admission to its first sampled token (scheduler clock).
+    queue_time: float | None = None
+    prefill_time: float | None = None
 
 
 class TokenBatch(_Message):
@@ -151,6 +155,8 @@ class TextDelta(_Part):
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    queue_time: float | None = None  # as on the TokenUpdate this delta starts with
+    prefill_time: float | None = None
 
 
 class TextBatch(_Message):

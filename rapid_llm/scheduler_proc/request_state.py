@@ -3,12 +3,14 @@
 Tokens that steps still in flight will sample are counted as placeholders, so a request can be
 planned again before their ids are known. `epoch` changes on every preemption, so a result planned
 before it can be recognised and dropped. Block hashes depend on the tokens only, so they are
-computed once and survive preemption.
+computed once and survive preemption. Arrival, first admission and first sampled token are
+timestamped here (monotonic clock), for the queue and prefill times of the first update.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 
 from rapid_llm.ipc.messages import GenerateRequest, TokenLogprobs, TokenUpdate
 from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
@@ -51,6 +53,9 @@ class RequestState:
         self.stop_reason: int | None = None
         self._unsent_token_ids: list[int] = []
         self._unsent_logprobs: list[TokenLogprobs | None] = []
+        self.arrived_at = time.monotonic()
+        self.first_scheduled_at: float | None = None  # first admission; resumptions keep it
+        self.first_token_at: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -107,6 +112,8 @@ class RequestState:
         """The real id of the oldest placeholder has arrived."""
         self.num_placeholders -= 1
         self.output_token_ids.append(token_id)
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
         self._unsent_token_ids.append(token_id)
         if self.params.logprobs is not None:
             self._unsent_logprobs.append(logprobs)
@@ -132,8 +139,19 @@ class RequestState:
         self.slot = None
         self.epoch += 1
 
+    def mark_scheduled(self) -> None:
+        """Admitted to run. Only the first admission counts: as in vLLM, waits after a preemption are not queue time."""
+        if self.first_scheduled_at is None:
+            self.first_scheduled_at = time.monotonic()
+
     def take_update(self) -> TokenUpdate:
-        """Tokens (and finish) not yet reported to the detokenizer."""
+        """Tokens (and finish) not yet reported to the detokenizer; the first with tokens has the timings."""
+        queue_time = prefill_time = None
+        # Unsent tokens that are all the outputs there are include the first one (outputs survive preemption).
+        has_first = bool(self._unsent_token_ids) and len(self._unsent_token_ids) == len(self.output_token_ids)
+        if has_first and self.first_scheduled_at is not None and self.first_token_at is not None:
+            queue_time = self.first_scheduled_at - self.arrived_at
+            prefill_time = self.first_token_at - self.first_scheduled_at
         update = TokenUpdate(
             request_id=self.request_id,
             token_ids=self._unsent_token_ids,
@@ -142,6 +160,8 @@ class RequestState:
             stop_reason=self.stop_reason,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens or 0,
+            queue_time=queue_time,
+            prefill_time=prefill_time,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []

@@ -164,6 +164,7 @@ class Scheduler:
                 return
             self._waiting.popleft()
             self._take_prefix_hits(request, hits)
+            request.mark_scheduled()
             request.status = RequestStatus.RUNNING
             request.slot = heapq.heappop(self._free_slots)
             self._running.append(request)

@@ -111,6 +111,17 @@ def test_http_error_fails_the_request() -> None:
     assert "400" in outcome.error and "nope" in outcome.error
 
 
+@pytest.mark.parametrize(("api_key", "says"), [(None, "is not set"), ("wrong", "is not the server's key")])
+def test_a_refused_key_names_openai_api_key(monkeypatch: pytest.MonkeyPatch, api_key: str | None, says: str) -> None:
+    if api_key is None:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", api_key)
+    outcome, _ = run(request_openai_completions, [b'{"error": "bad key"}'], status=401)
+    assert not outcome.success
+    assert "401" in outcome.error and f"OPENAI_API_KEY {says}" in outcome.error and "bad key" in outcome.error
+
+
 def test_stream_without_choices_fails_the_request() -> None:
     outcome, _ = run(request_openai_completions, [USAGE, DONE])
     assert not outcome.success and "no first token" in outcome.error

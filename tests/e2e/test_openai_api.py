@@ -123,6 +123,22 @@ def test_abort_mid_stream_frees_every_block(server, client: openai.OpenAI) -> No
     assert metrics["rapid_llm:num_requests_running"] == 0
 
 
+def test_engine_timings_reach_the_request_histograms(server, client: openai.OpenAI) -> None:
+    before = server.metrics()
+    client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0,
+                              extra_body={"ignore_eos": True})
+    after = server.metrics()
+    for name in ("queue_time", "prefill_time", "decode_time", "inference_time", "time_per_output_token"):
+        key = f"rapid_llm:request_{name}_seconds"
+        assert after[key + "_count"] - before[key + "_count"] == 1, name
+    # The scheduler's prefill time is part of the inference time the frontend adds its decode time to.
+    prefill = after["rapid_llm:request_prefill_time_seconds_sum"] - before["rapid_llm:request_prefill_time_seconds_sum"]
+    inference = (after["rapid_llm:request_inference_time_seconds_sum"]
+                 - before["rapid_llm:request_inference_time_seconds_sum"])
+    assert 0 < prefill < inference
+    assert after["rapid_llm:request_generation_tokens_sum"] - before["rapid_llm:request_generation_tokens_sum"] == 6
+
+
 def test_models_health_version(server) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = httpx.get(f"{server.base_url}/v1/models", headers=headers).json()

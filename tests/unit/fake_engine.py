@@ -2,8 +2,9 @@
 
 Each request "generates" one of a few fixed sentences (picked by seed, so n>1 choices with seeds
 differ) followed by EOS, a few tokens per delta, honouring max_tokens (finish "length"), ignore_eos
-and logprobs. Stop strings are the detokenizer's job and are not applied here. A cache flush
-succeeds only while no request is generating, as in the scheduler.
+and logprobs; the first delta carries `queue_time` and `prefill_time` when they are set. Stop
+strings are the detokenizer's job and are not applied here. A cache flush succeeds only while no
+request is generating, as in the scheduler.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class FakeEngine:
         self.healthy = True
         self.scheduler_stats: SchedulerStats | None = None
         self.num_cached_tokens = 0
+        self.queue_time: float | None = None  # the scheduler's timings, put on each request's first delta
+        self.prefill_time: float | None = None
         self.hold_after: int | None = None  # block forever after this many deltas (client-disconnect tests)
         self.fail_after: int | None = None  # raise after this many deltas (engine-failure tests)
 
@@ -97,6 +100,8 @@ class FakeEngine:
                     finish_reason=finish_reason,
                     num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=self.num_cached_tokens,
+                    queue_time=self.queue_time if count == 0 else None,
+                    prefill_time=self.prefill_time if count == 0 else None,
                 )
         finally:
             self.running.discard(request_id)

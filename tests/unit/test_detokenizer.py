@@ -221,7 +221,8 @@ def test_stop_string_mid_update_cuts_token_ids_and_logprobs(tokenizer: Tokenizer
     stop_index = [tokenizer.decode([t]) for t in token_ids].index("ran")
     assert stop_index < len(token_ids) - 1
 
-    update = TokenUpdate("r", token_ids, logprobs, num_prompt_tokens=7, num_cached_tokens=3)
+    update = TokenUpdate("r", token_ids, logprobs, num_prompt_tokens=7, num_cached_tokens=3, queue_time=0.25,
+                         prefill_time=0.5)
     result = detokenizer.process(TokenBatch(updates=[update]))
     assert result is not None
     (delta,) = result.deltas
@@ -230,6 +231,7 @@ def test_stop_string_mid_update_cuts_token_ids_and_logprobs(tokenizer: Tokenizer
     assert delta.logprobs == logprobs[: stop_index + 1]
     assert (delta.finish_reason, delta.stop_reason) == ("stop", "ran")
     assert (delta.num_prompt_tokens, delta.num_cached_tokens) == (7, 3)
+    assert (delta.queue_time, delta.prefill_time) == (0.25, 0.5)
 
 
 def test_possible_stop_prefix_is_held_back_then_released(tokenizer: Tokenizer) -> None:

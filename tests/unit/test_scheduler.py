@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 import zlib
 from array import array
 from collections import deque
@@ -171,6 +172,7 @@ class Run:
     worker: FakeWorker
     added: list[str]
     admissions: list[str]  # request ids of every NewRequest, resumptions included
+    num_preemptions: int  # as the scheduler's stats report it
 
     @property
     def preempted(self) -> bool:
@@ -194,6 +196,12 @@ class _Collector:
         for update in batch.updates:
             outcome = self.outcomes[update.request_id]
             assert outcome.finish_reason is None, "no update after the finishing one"
+            # Exactly the update with the first token has the timings, whatever preemptions came between.
+            if update.token_ids and not outcome.token_ids:
+                assert update.queue_time is not None and update.queue_time >= 0
+                assert update.prefill_time is not None and update.prefill_time >= 0
+            else:
+                assert update.queue_time is None and update.prefill_time is None
             if self.params[update.request_id].logprobs is None:
                 assert update.logprobs == []
             else:
@@ -232,7 +240,7 @@ def drive(config: SchedulerConfig, events: dict[int, list[Event]], depth: int,
     assert all(outcome.finish_reason is not None for outcome in collector.outcomes.values())
     admissions = list(worker.admissions)
     _check_every_slot_released(scheduler, worker)
-    return Run(collector.outcomes, worker, added, admissions)
+    return Run(collector.outcomes, worker, added, admissions, stats.num_preemptions)
 
 
 def _check_every_slot_released(scheduler: Scheduler, worker: FakeWorker) -> None:
@@ -368,6 +376,7 @@ def test_preemption_takes_the_newest_and_resumes_it_first_with_its_outputs() -> 
     assert [(c.slot, c.num_computed_tokens, c.num_new_tokens) for c in plans[2].scheduled] == [(0, 8, 1)]
     # b went back to the front of the queue: c may not overtake it.
     assert run.admissions == ["a", "b", "b", "c"]
+    assert run.num_preemptions == 1
     resumed = [new for plan in plans for new in plan.new_requests if new.request_id == "b"][1]
     assert resumed.token_ids == [*range(30, 37), 37, 38] and resumed.num_prompt_tokens == 7
     assert run.outcomes == expected_outcomes(events, config, counting_model)
@@ -383,6 +392,7 @@ def test_a_request_that_preempts_itself_waits_for_a_later_step() -> None:
     step = run.worker.plans[6]
     assert [(c.slot, c.num_computed_tokens, c.num_new_tokens) for c in step.scheduled] == [(0, 8, 1)]
     assert (step.released_slots, step.new_requests) == ([1], [])
+    assert run.num_preemptions == 1
     assert run.outcomes == expected_outcomes(events, config, counting_model)
 
 
@@ -602,6 +612,27 @@ def test_each_token_is_reported_as_soon_as_its_result_is_processed() -> None:
         assert batch is not None
         updates += [(u.token_ids, u.finish_reason, u.num_prompt_tokens) for u in batch.updates]
     assert updates == [([11], None, 1), ([12], None, 1), ([13], "length", 1)]
+
+
+def test_queue_and_prefill_times_come_from_admission_and_first_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    config = make_config(max_num_seqs=1)
+    scheduler, worker = Scheduler(config), FakeWorker(config, counting_model)
+    scheduler.add_request(request("a", [10], max_tokens=2, ignore_eos=True))
+    scheduler.add_request(request("b", [20], max_tokens=1, ignore_eos=True))
+    timings = []
+    for step_ends in (101.0, 103.0, 106.0):  # a's two tokens, then b's one; each step takes a second
+        now[0] = step_ends - 1.0
+        plan = scheduler.schedule()
+        assert plan is not None
+        now[0] = step_ends
+        scheduler.process_result(worker.execute(plan))
+        batch = scheduler.take_outputs()
+        assert batch is not None
+        timings += [(u.request_id, u.queue_time, u.prefill_time) for u in batch.updates]
+    # b arrived at 100, was admitted at 105 (after a finished), sampled at 106.
+    assert timings == [("a", 0.0, 1.0), ("a", None, None), ("b", 5.0, 1.0)]
 
 
 def test_stats_count_queues_and_blocks() -> None:
