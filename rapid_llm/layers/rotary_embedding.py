@@ -158,7 +158,7 @@ class RotaryEmbedding(torch.nn.Module):
             cos, sin = self.cos_cache[positions], self.sin_cache[positions]
         return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
 
-    def apply(
+    def rotate(
         self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k with precomputed `cos_sin` (shared by every layer of one forward)."""
@@ -176,7 +176,7 @@ class RotaryEmbedding(torch.nn.Module):
         `seq_lens` [T] (dynamic only; ignored otherwise): per token, its sequence's length after this
         step. Defaults to positions + 1.
         """
-        return self.apply(query, key, *self.cos_sin(positions, seq_lens, query.dtype))
+        return self.rotate(query, key, *self.cos_sin(positions, seq_lens, query.dtype))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], -1, self.head_dim)

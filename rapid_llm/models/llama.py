@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         rope = self.rotary_emb
         cos, sin = batch.once(rope, lambda: rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype))
-        q, k = rope.apply(q, k, cos, sin)
+        q, k = rope.rotate(q, k, cos, sin)
         return self.o_proj(self.attn(q, k, v, batch.attention))
 
 

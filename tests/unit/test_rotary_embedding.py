@@ -239,3 +239,17 @@ def test_tables_stay_float32_when_module_is_cast() -> None:
     assert isinstance(model[0], RotaryEmbedding)
     for name, buffer in rope.named_buffers():
         assert buffer.dtype == torch.float32 and torch.equal(buffer, reference[name]), name
+
+
+def test_module_apply_reaches_every_submodule_of_a_built_model() -> None:
+    # `nn.Module.apply(fn)` is how weights get initialised; a layer must not shadow it.
+    from rapid_llm.models.llama import LlamaForCausalLM
+
+    config = make_config(ROPE_CASES["default"])
+    config.num_hidden_layers, config.intermediate_size, config.vocab_size = 2, 64, 128
+    model = LlamaForCausalLM(config)
+    visited: list[torch.nn.Module] = []
+    assert model.apply(visited.append) is model
+    # The rotary module is shared by every layer: `apply` visits it once per layer, `modules()` once.
+    assert {id(module) for module in visited} == {id(module) for module in model.modules()}
+    assert any(isinstance(module, RotaryEmbedding) for module in visited)
