@@ -2,10 +2,11 @@
 
 It owns the model, the paged KV cache, the sampler and a device-side token pool: row `slot`
 holds every token of the request in that slot. Input ids are gathered from the pool and each
-sampled token is written back into it on the device, so the next step's inputs never wait on
-the host (what lets the scheduler plan one step ahead). A step is one flat batch mixing
-prefills, prefill chunks that continue after cached tokens, and decodes; only a request whose
-computed tokens reach the end of what it knows gets a token sampled.
+sampled token is written back into it on the device, so a plan never has to carry the token
+its previous step samples (what lets the scheduler plan one step ahead). The step still ends
+by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
+one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
+only a request whose computed tokens reach the end of what it knows gets a token sampled.
 """
 
 from __future__ import annotations
