@@ -34,6 +34,17 @@ def rope_parameters(hf_config: PretrainedConfig) -> dict[str, Any]:
     return params
 
 
+def attention_kv_heads(hf_config: PretrainedConfig) -> int:
+    """KV heads of a grouped-query model; as many as attention heads when the config names none."""
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def attention_head_dim(hf_config: PretrainedConfig) -> int:
+    """The explicit `head_dim` (Qwen3 sets one), else hidden_size / num_attention_heads."""
+    explicit = getattr(hf_config, "head_dim", None)
+    return int(explicit or hf_config.hidden_size // hf_config.num_attention_heads)
+
+
 def derived_max_model_len(hf_config: PretrainedConfig) -> int:
     """The longest sequence the checkpoint supports, counting rope scaling that stretches context."""
     max_positions = int(hf_config.max_position_embeddings)
@@ -118,9 +129,8 @@ class ModelConfig:
 
     @property
     def num_kv_heads(self) -> int:
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.num_attention_heads)
+        return attention_kv_heads(self.hf_config)
 
     @property
     def head_dim(self) -> int:
-        explicit = getattr(self.hf_config, "head_dim", None)
-        return int(explicit or self.hf_config.hidden_size // self.num_attention_heads)
+        return attention_head_dim(self.hf_config)
