@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.ipc.messages import TokenLogprobs
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
@@ -54,12 +55,6 @@ class ScheduledRequest:
     @property
     def samples_this_step(self) -> bool:
         return self.end == self.num_tokens
-
-
-@dataclass
-class TokenLogprobs:
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -177,6 +172,6 @@ def _logprobs_per_row(sampled, asked: list[int | None]) -> list[TokenLogprobs | 
     logprobs = sampled.logprobs.tolist()
     top_ids, top_values = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
     return [
-        None if n is None else TokenLogprobs(logprobs[row], list(zip(top_ids[row][:n], top_values[row][:n])))
+        None if n is None else TokenLogprobs(logprobs[row], top_ids[row][:n], top_values[row][:n])
         for row, n in enumerate(asked)
     ]
