@@ -49,7 +49,6 @@ class Scheduler:
     """Decides each step's batch; the process loop owns the sockets and calls in."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        config.validate()
         if config.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
         capacity = config.num_kv_blocks * config.block_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
 from rapid_llm.server_args import ServerArgs
 
 
@@ -59,6 +59,15 @@ def test_eos_comes_from_generation_config(tiny_checkpoint) -> None:
 def test_cache_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CacheConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"max_num_seqs": 0}, "--max-num-seqs"), ({"max_num_batched_tokens": 0}, "--max-num-batched-tokens")],
+)
+def test_scheduler_config_is_checked_when_built(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(max_model_len=64, **kwargs)
 
 
 def test_kv_dtype_auto_is_the_model_dtype() -> None:
