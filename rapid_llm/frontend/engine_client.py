@@ -26,9 +26,6 @@ class EngineClient(Protocol):
         Closing the iterator early (client gone) aborts the request in the scheduler.
         """
 
-    async def abort(self, request_id: str) -> None:
-        """Stop a request; its iterator then ends with finish_reason "abort"."""
-
     async def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing flushed) while requests are running."""
 

@@ -117,9 +117,6 @@ class TokenizerManager:
             if not finished and self._engine_failure is None:
                 self._to_scheduler.send(AbortRequest(request_id))
 
-    async def abort(self, request_id: str) -> None:
-        self._to_scheduler.send(AbortRequest(request_id))
-
     async def flush_cache(self) -> bool:
         request_id = next(self._flush_ids)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

@@ -41,8 +41,7 @@ class FakeEngine:
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
         self.running: set[str] = set()
         self.num_flushes = 0
-        self.aborted: list[str] = []
-        self.closed_early: list[str] = []  # generators closed before their finishing delta
+        self.closed_early: list[str] = []  # generators closed before their finishing delta (aborted)
         self.healthy = True
         self.scheduler_stats: SchedulerStats | None = None
         self.num_cached_tokens = 0
@@ -102,10 +101,6 @@ class FakeEngine:
             self.running.discard(request_id)
             if not finished:
                 self.closed_early.append(request_id)
-                await self.abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
 
     async def flush_cache(self) -> bool:
         if self.running:
