@@ -96,7 +96,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         self.attention_scaling = 1.0
-        self.max_positions = derived_max_model_len(config)
+        self.max_positions = derived_max_model_len(max_pos, params)
         self._base = float(params["rope_theta"])
         self._factor = float(params.get("factor") or 1.0)
         self._orig_max_pos = max_pos

@@ -37,6 +37,16 @@ def test_rope_scaling_stretches_the_supported_length(tiny_checkpoint) -> None:
     assert ModelConfig.from_pretrained(str(checkpoint)).max_model_len == 128
 
 
+def test_rope_parameters_are_resolved_once_without_touching_the_hf_config(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint(max_position_embeddings=32,
+                                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    config = ModelConfig.from_pretrained(str(checkpoint))
+    before = config.hf_config.to_dict()
+    assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 4.0
+    config.rope_parameters["factor"] = 1.0  # the stored dict is a copy, not the HF config's own
+    assert config.hf_config.rope_parameters["factor"] == 4.0 and config.hf_config.to_dict() == before
+
+
 def test_not_a_checkpoint_directory(tmp_path) -> None:
     with pytest.raises(ValueError, match="no config.json"):
         ModelConfig.from_pretrained(str(tmp_path))
