@@ -93,7 +93,7 @@ class Serving:
         self.engine = engine
         self.metrics = metrics
         self.token_strings = TokenStrings(engine.tokenizer)
-        self.vocab_size = len(engine.tokenizer)
+        self.vocab_size = engine.vocab_size
 
     def check_engine(self) -> None:
         if not self.engine.is_healthy():

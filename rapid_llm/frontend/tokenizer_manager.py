@@ -32,12 +32,14 @@ from rapid_llm.sampling import SamplingParams
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Any, model_name: str, model_path: str, max_model_len: int,
-                 engine_alive: Callable[[], bool], enable_prefix_caching: bool, server_info: dict[str, Any]) -> None:
+                 vocab_size: int, engine_alive: Callable[[], bool], enable_prefix_caching: bool,
+                 server_info: dict[str, Any]) -> None:
         self.paths = paths
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
         self.enable_prefix_caching = enable_prefix_caching
         self.server_info = server_info
         self._engine_alive = engine_alive

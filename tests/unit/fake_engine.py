@@ -30,11 +30,14 @@ class FakeEngine:
         model_path: str = "/models/tiny",
         max_model_len: int = 128,
         tokens_per_delta: int = 3,
+        vocab_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
+        # Checkpoints often pad the embedding past the tokenizer; None: exactly the tokenizer's size.
+        self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
         self.tokens_per_delta = tokens_per_delta
         self.enable_prefix_caching = True
         self.server_info = {"model": model_path, "max_model_len": max_model_len}

@@ -363,6 +363,17 @@ async def test_bad_requests_name_the_field(
     assert (await client.post("/v1/completions", json={"prompt": "Hi"})).status_code == 200  # still serving
 
 
+async def test_prompt_token_ids_are_checked_against_the_model_vocab_size(tokenizer: Any) -> None:
+    # Ids past the tokenizer but within the model's embedding rows are valid input for the worker.
+    engine = FakeEngine(tokenizer, vocab_size=len(tokenizer) + 8)
+    async with _client(build_app(engine)) as client:
+        accepted = await client.post("/v1/completions", json={"prompt": [1, len(tokenizer) + 7]})
+        assert accepted.status_code == 200
+        refused = await client.post("/v1/completions", json={"prompt": [1, len(tokenizer) + 8]})
+        assert_error(refused, 400, "prompt")
+        assert f"[0, {len(tokenizer) + 8})" in refused.json()["error"]["message"]
+
+
 async def test_malformed_json(client: httpx.AsyncClient) -> None:
     for body in (b"{not json", b"", b"[1, 2]"):
         assert_error(await client.post("/v1/chat/completions", content=body), 400, None)
