@@ -15,9 +15,20 @@ build_tiny_checkpoint("/tmp/gpu-llama-100m", "LlamaForCausalLM", dtype=torch.bfl
                       num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4, intermediate_size=2560,
                       max_position_embeddings=2048)
 PY
-python3 -m rapid_llm.launch_server --model /tmp/gpu-llama-100m --port 31888 --log-level warning &
+python3 -m rapid_llm.launch_server --model /tmp/gpu-llama-100m --port 31888 --log-level warning \
+    >"$OUT/server.log" 2>&1 &
 server=$!
-until curl -sf http://127.0.0.1:31888/health >/dev/null 2>&1; do sleep 0.5; done
+# Bounded: a server that never comes up (or died) must not hang the session's device time.
+deadline=$((SECONDS + 300))
+until curl -sf http://127.0.0.1:31888/health >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)) || ! kill -0 "$server" 2>/dev/null; then
+        echo "server not healthy after $((SECONDS - deadline + 300)) s; last lines of $OUT/server.log:" >&2
+        tail -n 50 "$OUT/server.log" >&2
+        kill -TERM "$server" 2>/dev/null
+        exit 1
+    fi
+    sleep 0.5
+done
 for concurrency in 1 32; do
     python3 benchmarks/bench_serving.py --base-url http://127.0.0.1:31888 --dataset-name random \
         --random-input-len 512 --random-output-len 128 --num-prompts 128 --max-concurrency "$concurrency" \

@@ -85,7 +85,7 @@ def _serve(args: Any, started: float) -> int:
     server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
                    "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
-                               config.model.max_model_len, engine.is_alive, config.scheduler.enable_prefix_caching,
+                               config.model.max_model_len, config.model.vocab_size, engine.is_alive, config.scheduler.enable_prefix_caching,
                                server_info)
     app = build_app(manager, frontend_options)
     # A bounded graceful shutdown: after a child dies, open streams end with an error, not a hang.

@@ -127,7 +127,7 @@ class ServerArgs:
             vocab_size=model.vocab_size,
             async_scheduling=not self.disable_async_scheduling,
             enable_prefix_caching=self.enable_prefix_caching,
-        ).validate()
+        )
         return EngineConfig(
             model=model,
             cache=cache,

@@ -23,3 +23,9 @@ def hf_greedy(model: transformers.PreTrainedModel, prompts: Sequence[Sequence[in
                                        min_new_tokens=new_tokens, pad_token_id=0)
             outputs.append(generated[0, len(prompt):].tolist())
     return outputs
+
+
+def hf_logits(model: transformers.PreTrainedModel, token_ids: Sequence[int]) -> torch.Tensor:
+    """float32 logits at every position of one sequence, on the model's device."""
+    with torch.inference_mode():
+        return model(torch.tensor([list(token_ids)], device=model.device)).logits[0].float()

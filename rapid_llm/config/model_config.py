@@ -18,9 +18,8 @@ from transformers import AutoConfig, PretrainedConfig
 from rapid_llm.config.dtypes import dtype_from_name
 
 def rope_parameters(hf_config: PretrainedConfig) -> dict[str, Any]:
-    """The flat rope dict as transformers 5.x sees it, or built from `rope_scaling` + `rope_theta` on 4.x."""
-    if hasattr(hf_config, "standardize_rope_params"):
-        hf_config.standardize_rope_params()
+    """A copy of the flat rope dict as transformers 5.x sees it, or built from `rope_scaling` + `rope_theta`
+    on 4.x; `hf_config` is only read (5.x standardizes its rope parameters when the config is built)."""
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
@@ -34,10 +33,19 @@ def rope_parameters(hf_config: PretrainedConfig) -> dict[str, Any]:
     return params
 
 
-def derived_max_model_len(hf_config: PretrainedConfig) -> int:
-    """The longest sequence the checkpoint supports, counting rope scaling that stretches context."""
-    max_positions = int(hf_config.max_position_embeddings)
-    rope = rope_parameters(hf_config)
+def attention_kv_heads(hf_config: PretrainedConfig) -> int:
+    """KV heads of a grouped-query model; as many as attention heads when the config names none."""
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def attention_head_dim(hf_config: PretrainedConfig) -> int:
+    """The explicit `head_dim` (Qwen3 sets one), else hidden_size / num_attention_heads."""
+    explicit = getattr(hf_config, "head_dim", None)
+    return int(explicit or hf_config.hidden_size // hf_config.num_attention_heads)
+
+
+def derived_max_model_len(max_positions: int, rope: dict[str, Any]) -> int:
+    """The longest sequence a checkpoint supports: `max_position_embeddings`, stretched by rope scaling."""
     factor = rope.get("factor")
     if rope["rope_type"] in ("linear", "dynamic") and factor:
         return int(max_positions * factor)
@@ -73,6 +81,7 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    rope_parameters: dict[str, Any]  # resolved once, from hf_config, when the config is built
     trust_remote_code: bool = False
 
     @classmethod
@@ -88,7 +97,8 @@ class ModelConfig:
             raise ValueError(f"--model {model!r} is not a Hugging Face checkpoint directory (no config.json there)")
         hf_config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         resolved_dtype = _checkpoint_dtype(hf_config) if dtype == "auto" else dtype_from_name(dtype, "--dtype")
-        supported_len = derived_max_model_len(hf_config)
+        rope = rope_parameters(hf_config)
+        supported_len = derived_max_model_len(int(hf_config.max_position_embeddings), rope)
         if max_model_len is None:
             max_model_len = supported_len
         elif max_model_len < 1:
@@ -98,7 +108,7 @@ class ModelConfig:
                 f"--max-model-len {max_model_len} is more than the model supports ({supported_len}, from its "
                 f"max_position_embeddings and rope scaling); lower --max-model-len to at most {supported_len}"
             )
-        return cls(model, hf_config, resolved_dtype, max_model_len, _eos_token_ids(model_dir, hf_config),
+        return cls(model, hf_config, resolved_dtype, max_model_len, _eos_token_ids(model_dir, hf_config), rope,
                    trust_remote_code)
 
     @property
@@ -118,9 +128,8 @@ class ModelConfig:
 
     @property
     def num_kv_heads(self) -> int:
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.num_attention_heads)
+        return attention_kv_heads(self.hf_config)
 
     @property
     def head_dim(self) -> int:
-        explicit = getattr(self.hf_config, "head_dim", None)
-        return int(explicit or self.hf_config.hidden_size // self.num_attention_heads)
+        return attention_head_dim(self.hf_config)

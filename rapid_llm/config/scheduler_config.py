@@ -23,9 +23,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     async_scheduling: bool = True
     enable_prefix_caching: bool = True
 
-    def validate(self) -> "SchedulerConfig":
+    def __post_init__(self) -> None:
+        # Checked on construction, so no holder of a SchedulerConfig needs to check it again.
         if self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
-        return self

@@ -9,16 +9,16 @@ from __future__ import annotations
 import atexit
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-import msgspec
 import zmq
 
 from rapid_llm.entrypoints.engine_processes import EngineProcesses
-from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch, TokenLogprobs
+from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch
 from rapid_llm.ipc.sockets import Receiver, Sender
-from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling import SamplingParams, fit_max_tokens
 from rapid_llm.server_args import ServerArgs
 
 Prompt = str | Sequence[int]
@@ -26,14 +26,8 @@ _instance_ids = itertools.count()
 
 
 @dataclass
-class CompletionOutput:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+class CompletionOutput(ChoiceOutput):
+    index: int = 0  # the choice's place among its prompt's n
 
 
 @dataclass
@@ -100,16 +94,15 @@ class LLM:
         # Everything is checked before anything is sent, so a bad prompt leaves nothing running.
         token_id_lists = [self._prompt_token_ids(prompt) for prompt in prompts]
         for token_ids, params in zip(token_id_lists, params_list):
-            self._check_length(token_ids, params.validate())
+            fit_max_tokens(len(token_ids), params.validate().max_tokens, self.config.model.max_model_len)
         results: list[RequestOutput] = []
         requests: list[GenerateRequest] = []
         choices: dict[str, CompletionOutput] = {}
         for token_ids, params in zip(token_id_lists, params_list):
             result = RequestOutput(next(self._request_ids), token_ids, [])
-            for index in range(params.n):
-                choice_params = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + index)
+            for index, choice_params in enumerate(params.per_choice()):
                 request_id = f"{result.request_id}-{index}"
-                result.outputs.append(choices.setdefault(request_id, CompletionOutput(index)))
+                result.outputs.append(choices.setdefault(request_id, CompletionOutput(index=index)))
                 requests.append(GenerateRequest(request_id, token_ids, choice_params, time.time()))
             results.append(result)
         unfinished = set(choices)
@@ -124,14 +117,6 @@ class LLM:
             raise
         return results
 
-    def _check_length(self, token_ids: list[int], params: SamplingParams) -> None:
-        limit = self.config.model.max_model_len
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        if len(token_ids) + (params.max_tokens or 1) > limit:
-            raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                             f"max_model_len {limit}")
-
     def _collect(self, choices: dict[str, CompletionOutput], unfinished: set[str]) -> None:
         """Gather deltas until every request in `unfinished` (emptied as they finish) is done."""
         while unfinished:
@@ -143,12 +128,8 @@ class LLM:
                 choice = choices.get(delta.request_id)
                 if choice is None or delta.request_id not in unfinished:
                     continue
-                choice.text += delta.text
-                choice.token_ids += delta.token_ids
-                choice.logprobs += delta.logprobs
-                choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
+                choice.add(delta)
                 if delta.finish_reason is not None:
-                    choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
                     unfinished.discard(delta.request_id)
 
     def shutdown(self) -> None:

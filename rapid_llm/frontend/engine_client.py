@@ -16,6 +16,7 @@ class EngineClient(Protocol):
     model_name: str  # the served model name (what clients put in "model")
     model_path: str  # the checkpoint directory (reported as "root")
     max_model_len: int
+    vocab_size: int  # the model's vocab_size (embedding rows): prompt token ids must be below it
     tokenizer: Any  # a transformers PreTrainedTokenizerBase (encode, decode, apply_chat_template)
     enable_prefix_caching: bool  # whether responses report cached prompt tokens
     server_info: dict[str, Any]  # resolved engine settings, served at GET /server_info
@@ -25,9 +26,6 @@ class EngineClient(Protocol):
 
         Closing the iterator early (client gone) aborts the request in the scheduler.
         """
-
-    async def abort(self, request_id: str) -> None:
-        """Stop a request; its iterator then ends with finish_reason "abort"."""
 
     async def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing flushed) while requests are running."""

@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
 import msgspec
@@ -28,8 +27,9 @@ from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
 from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
-from rapid_llm.ipc.messages import TextDelta, TokenLogprobs
-from rapid_llm.sampling import SamplingParams
+from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.ipc.messages import TextDelta
+from rapid_llm.sampling import ContextLengthError, SamplingParams, fit_max_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -38,35 +38,6 @@ MIN_LOGPROB = -9999.0
 
 # Status of the response nobody reads once a non-streaming client has gone (nginx's convention).
 _CLIENT_CLOSED_REQUEST = 499
-
-
-@dataclass
-class ChoiceOutput:
-    """Output of one choice: all of it (non-streaming) or what one stream chunk carries."""
-
-    text_parts: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # aligned with token_ids
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-    def add(self, delta: TextDelta) -> None:
-        if delta.text:
-            self.text_parts.append(delta.text)
-        self.token_ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        if len(self.logprobs) < len(self.token_ids):
-            self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-        # Engines may report the count on any delta; the largest is the final one.
-        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
 
 
 class ResponseFormat(Protocol):
@@ -141,7 +112,7 @@ class Serving:
         self.metrics = metrics
         self.options = options
         self.token_strings = TokenStrings(engine.tokenizer)
-        self.vocab_size = len(engine.tokenizer)
+        self.vocab_size = engine.vocab_size
         self.chat_template = ChatTemplate(engine.tokenizer, options.chat_template,
                                           options.trust_request_chat_template)
         # Text longer than this cannot fit max_model_len whatever it says, so it is refused untokenized.
@@ -194,24 +165,25 @@ class Serving:
     def resolve_max_tokens(self, num_prompt_tokens: int, requested: int | None, param: str, prompt_param: str) -> int:
         """`requested`, or the rest of the context when None; a 400 when it does not fit."""
         limit = self.engine.max_model_len
-        if num_prompt_tokens >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your request has "
-                f"{num_prompt_tokens} input tokens. Please reduce the length of the {prompt_param}.",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if requested is None:
-            return limit - num_prompt_tokens
-        if num_prompt_tokens + requested > limit:
+        try:
+            return fit_max_tokens(num_prompt_tokens, requested, limit)
+        except ContextLengthError as error:
+            if error.too_long == "empty":
+                raise bad_request(f"{prompt_param} must not be empty", param=prompt_param) from None
+            if error.too_long == "prompt":
+                raise bad_request(
+                    f"This model's maximum context length is {limit} tokens. However, your request has "
+                    f"{num_prompt_tokens} input tokens. Please reduce the length of the {prompt_param}.",
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                ) from None
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {prompt_param}, {requested} "
                 f"in the completion). Please reduce the length of the {prompt_param} or completion.",
                 param=param,
                 code="context_length_exceeded",
-            )
-        return requested
+            ) from None
 
     async def respond(
         self,
@@ -229,12 +201,7 @@ class Serving:
             "created": int(time.time()),
             "model": self.engine.model_name,
         }
-        # Each choice is its own engine request; seed + i keeps them different yet reproducible.
-        choices = [
-            (prompt_ids, msgspec.structs.replace(params, n=1, seed=None if params.seed is None else params.seed + i))
-            for prompt_ids, params in prompts
-            for i in range(params.n)
-        ]
+        choices = [(prompt_ids, choice) for prompt_ids, params in prompts for choice in params.per_choice()]
         num_prompt_tokens = sum(len(prompt_ids) for prompt_ids, _ in prompts)
         n = len(choices) // len(prompts)
         if body.stream:

@@ -14,7 +14,8 @@ from starlette.responses import Response
 
 from rapid_llm.frontend.errors import bad_request
 from rapid_llm.frontend.protocol import CompletionRequest
-from rapid_llm.frontend.serving_common import ChoiceOutput, Serving, TokenStrings, clamp_logprob
+from rapid_llm.frontend.serving_common import Serving, TokenStrings, clamp_logprob
+from rapid_llm.ipc.choice_output import ChoiceOutput
 
 
 class CompletionFormat:

@@ -32,12 +32,14 @@ from rapid_llm.sampling import SamplingParams
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Any, model_name: str, model_path: str, max_model_len: int,
-                 engine_alive: Callable[[], bool], enable_prefix_caching: bool, server_info: dict[str, Any]) -> None:
+                 vocab_size: int, engine_alive: Callable[[], bool], enable_prefix_caching: bool,
+                 server_info: dict[str, Any]) -> None:
         self.paths = paths
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
         self.enable_prefix_caching = enable_prefix_caching
         self.server_info = server_info
         self._engine_alive = engine_alive
@@ -116,9 +118,6 @@ class TokenizerManager:
             del self._queues[request_id]
             if not finished and self._engine_failure is None:
                 self._to_scheduler.send(AbortRequest(request_id))
-
-    async def abort(self, request_id: str) -> None:
-        self._to_scheduler.send(AbortRequest(request_id))
 
     async def flush_cache(self) -> bool:
         request_id = next(self._flush_ids)

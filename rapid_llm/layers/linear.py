@@ -3,8 +3,8 @@
 Column-parallel layers shard the output features over tensor-parallel ranks, row-parallel
 layers shard the input features and all-reduce. Merged layers (q/k/v, gate/up) hold several
 checkpoint matrices stacked in one weight so one GEMM serves them all; their `weight_loader`
-takes a `shard_id` saying which slice a checkpoint tensor fills. Quantized formats will plug
-in here by giving a layer a different weight layout and loader.
+takes a `shard_id` saying which slice a checkpoint tensor fills. Weights are unquantized; there
+is no interface for other weight formats yet.
 """
 
 from __future__ import annotations

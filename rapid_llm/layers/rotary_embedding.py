@@ -96,7 +96,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         self.attention_scaling = 1.0
-        self.max_positions = derived_max_model_len(config)
+        self.max_positions = derived_max_model_len(max_pos, params)
         self._base = float(params["rope_theta"])
         self._factor = float(params.get("factor") or 1.0)
         self._orig_max_pos = max_pos
@@ -151,32 +151,23 @@ class RotaryEmbedding(torch.nn.Module):
     def cos_sin(
         self, positions: torch.Tensor, seq_lens: torch.Tensor | None, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, rotary_dim / 2] for `positions`, rounded to `dtype` once (where HF rounds)."""
+        """cos and sin [T, 1, rotary_dim / 2] for `positions` [T], rounded to `dtype` once (where HF rounds).
+
+        `seq_lens` [T] (dynamic only; ignored otherwise): per token, its sequence's length after this
+        step. Defaults to positions + 1.
+        """
         if self.rope_type == "dynamic":
             cos, sin = self._dynamic_cos_sin(positions, seq_lens)
         else:
             cos, sin = self.cos_cache[positions], self.sin_cache[positions]
         return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
 
-    def apply(
+    def rotate(
         self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k with precomputed `cos_sin` (shared by every layer of one forward)."""
+        """Rotate q [T, H*D] or [T, H, D] and k (same with KV heads) with precomputed `cos_sin`
+        (shared by every layer of one forward)."""
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        seq_lens: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [T, H*D] or [T, H, D] and k (same with KV heads) at `positions` [T].
-
-        `seq_lens` [T] (dynamic only; ignored otherwise): per token, its sequence's length after this
-        step. Defaults to positions + 1.
-        """
-        return self.apply(query, key, *self.cos_sin(positions, seq_lens, query.dtype))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], -1, self.head_dim)

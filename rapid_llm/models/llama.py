@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from rapid_llm.config.model_config import attention_head_dim, attention_kv_heads
 from rapid_llm.distributed import get_tp_size
 from rapid_llm.layers.activation import SiluAndMul
 from rapid_llm.layers.attention import Attention
@@ -30,18 +31,14 @@ def layer_sliding_window(config: PretrainedConfig, layer_id: int) -> int | None:
     return window
 
 
-def attention_head_dim(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         num_heads = config.num_attention_heads
-        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         head_dim = attention_head_dim(config)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, attention_kv_heads(config),
+                                          bias=qkv_bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, bias=o_bias)
         local_heads, local_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.split_sizes = [local_heads * head_dim, local_kv_heads * head_dim, local_kv_heads * head_dim]
@@ -59,7 +56,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         rope = self.rotary_emb
         cos, sin = batch.once(rope, lambda: rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype))
-        q, k = rope.apply(q, k, cos, sin)
+        q, k = rope.rotate(q, k, cos, sin)
         return self.o_proj(self.attn(q, k, v, batch.attention))
 
 

@@ -50,6 +50,14 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    def per_choice(self) -> list["SamplingParams"]:
+        """The `n` single-choice params a request fans out to, one engine request each; choice i
+        gets seed + i, so seeded choices differ from each other yet are reproducible."""
+        return [
+            msgspec.structs.replace(self, n=1, seed=None if self.seed is None else self.seed + i)
+            for i in range(self.n)
+        ]
+
     def validate(self) -> "SamplingParams":
         """Raise `SamplingParamsError` naming the first out-of-range field; return self."""
         checks: list[tuple[str, bool, str]] = [

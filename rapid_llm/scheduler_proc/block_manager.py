@@ -41,10 +41,6 @@ class BlockManager:
         """Blocks referenced by at least one request."""
         return self.num_blocks - len(self._free)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._block_of)
-
     def blocks_for_tokens(self, num_tokens: int) -> int:
         """How many blocks hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)

@@ -151,7 +151,7 @@ class _ThroughputLog:
 def run_scheduler(config: SchedulerConfig, paths: IpcPaths, log_level: str, ready: Connection) -> None:
     configure_child(log_level)
     try:
-        loop = SchedulerLoop(config.validate(), paths)
+        loop = SchedulerLoop(config, paths)
         report_ready(ready, {"num_kv_blocks": loop.config.num_kv_blocks})
     except Exception as error:
         report_failure(ready, error)

@@ -27,6 +27,7 @@ from rapid_llm.ipc.messages import (
 )
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
+from rapid_llm.sampling import ContextLengthError, check_prompt_length
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ class Scheduler:
     """Decides each step's batch; the process loop owns the sockets and calls in."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        config.validate()
         if config.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
         capacity = config.num_kv_blocks * config.block_size
@@ -79,12 +79,10 @@ class Scheduler:
     def add_request(self, request: GenerateRequest) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        num_prompt_tokens = len(request.prompt_token_ids)
-        if not 0 < num_prompt_tokens < self.config.max_model_len:
-            raise ValueError(
-                f"request {request.request_id}: the prompt has {num_prompt_tokens} tokens; it needs at least 1 "
-                f"and fewer than max_model_len ({self.config.max_model_len})"
-            )
+        try:
+            check_prompt_length(len(request.prompt_token_ids), self.config.max_model_len)
+        except ContextLengthError as error:
+            raise ValueError(f"request {request.request_id}: {error}") from error
         if request.params.max_tokens is not None and request.params.max_tokens < 1:
             raise ValueError(f"request {request.request_id}: max_tokens must be at least 1")
         vocab_size, ids = self.config.vocab_size, request.prompt_token_ids

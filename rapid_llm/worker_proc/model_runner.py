@@ -2,10 +2,11 @@
 
 It owns the model, the paged KV cache, the sampler and a device-side token pool: row `slot`
 holds every token of the request in that slot. Input ids are gathered from the pool and each
-sampled token is written back into it on the device, so the next step's inputs never wait on
-the host (what lets the scheduler plan one step ahead). A step is one flat batch mixing
-prefills, prefill chunks that continue after cached tokens, and decodes; only a request whose
-computed tokens reach the end of what it knows gets a token sampled.
+sampled token is written back into it on the device, so a plan never has to carry the token
+its previous step samples (what lets the scheduler plan one step ahead). The step still ends
+by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
+one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
+only a request whose computed tokens reach the end of what it knows gets a token sampled.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Sequence
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.ipc.messages import TokenLogprobs
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
@@ -53,12 +55,6 @@ class ScheduledRequest:
     @property
     def samples_this_step(self) -> bool:
         return self.end == self.num_tokens
-
-
-@dataclass
-class TokenLogprobs:
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -176,6 +172,6 @@ def _logprobs_per_row(sampled, asked: list[int | None]) -> list[TokenLogprobs | 
     logprobs = sampled.logprobs.tolist()
     top_ids, top_values = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
     return [
-        None if n is None else TokenLogprobs(logprobs[row], list(zip(top_ids[row][:n], top_values[row][:n])))
+        None if n is None else TokenLogprobs(logprobs[row], top_ids[row][:n], top_values[row][:n])
         for row, n in enumerate(asked)
     ]

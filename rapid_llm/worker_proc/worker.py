@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rapid_llm.ipc.messages import StepPlan, StepResult, TokenLogprobs
+from rapid_llm.ipc.messages import StepPlan, StepResult
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, TokenLogprobs as RunnerLogprobs
+from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
 
 
 @dataclass
@@ -63,11 +63,5 @@ class Worker:
             step_id=plan.step_id,
             slots=slots,
             token_ids=output.token_ids,
-            logprobs=[_to_message(entry) for entry in output.logprobs] if any(output.logprobs) else [],
+            logprobs=output.logprobs if any(output.logprobs) else [],
         )
-
-
-def _to_message(entry: RunnerLogprobs | None) -> TokenLogprobs | None:
-    if entry is None:
-        return None
-    return TokenLogprobs(entry.logprob, [token for token, _ in entry.top], [value for _, value in entry.top])

@@ -1,13 +1,16 @@
 """A minimal step loop over ModelRunner for model tests: staggered arrivals, chunked prefill.
 
 It plays the scheduler's part just enough to put prefills, prefill chunks and decodes in the
-same step, so tests can compare paged generation against transformers.
+same step, so tests can compare paged generation against transformers; `prefill_logits` runs
+whole prompts in one step for logit comparisons.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
+
+import torch
 
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, StepOutput
@@ -65,3 +68,19 @@ def _apply(output: StepOutput, scheduled: list[ScheduledRequest], sequences: lis
     for row, token, logprobs in zip(output.rows, output.token_ids, output.logprobs):
         by_id[scheduled[row].request_id].output.append(token)
         by_id[scheduled[row].request_id].logprobs.append(logprobs)
+
+
+def prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """float32 logits at every prompt position, all prompts in one step (slots and blocks from 0)."""
+    blocks_needed = [-(-len(p) // runner.cache_config.block_size) for p in prompts]
+    starts = [sum(blocks_needed[:i]) for i in range(len(prompts))]
+    requests = [
+        ScheduledRequest(str(i), i, p, [], 0, len(p), list(range(start, start + n)))
+        for i, (p, start, n) in enumerate(zip(prompts, starts, blocks_needed))
+    ]
+    for request in requests:
+        runner.add_request(request.slot, request.prompt_token_ids)
+        runner.clear_blocks(list(request.block_table))
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.forward(requests)).float()
+    return list(logits.split([len(p) for p in prompts]))

@@ -1,5 +1,6 @@
-"""The same paged-KV parity checks on a CUDA device (skipped without one): greedy tokens equal
-transformers' on the GPU, in float32 and bfloat16, with chunked prefill and mixed lengths."""
+"""The same paged-KV parity checks on a CUDA device (skipped without one), with chunked prefill and
+mixed lengths: float32 greedy tokens equal transformers'; bfloat16 is held, for every one of the
+32 tokens, to the float32-reference error bound of the CPU bf16 test (tests/models/test_hf_parity.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner
-from tests.hf_reference import hf_greedy, hf_model
-from tests.models.paged_generation import generate
+from tests.hf_reference import hf_greedy, hf_logits, hf_model
+from tests.models.paged_generation import generate, prefill_logits
 
 NEW_TOKENS = 32
+DEVICE = "cuda"
 
 
 @pytest.mark.gpu
@@ -22,15 +24,28 @@ NEW_TOKENS = 32
 def test_greedy_decode_matches_transformers_on_cuda(tiny_checkpoint, architecture: str, dtype: torch.dtype) -> None:
     checkpoint = tiny_checkpoint(architecture, dtype=dtype)
     runner = ModelRunner(ModelConfig.from_pretrained(str(checkpoint)), CacheConfig(block_size=16, num_blocks=64),
-                         DeviceConfig("cuda"))
-    hf = hf_model(checkpoint, dtype).to("cuda")
+                         DeviceConfig(DEVICE))
+    hf = hf_model(checkpoint, dtype).to(DEVICE)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(10, 500, (n,), generator=generator).tolist() for n in (7, 21, 38)]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     sequences = generate(runner, prompts, params, chunk_size=8, stagger=3)
-    expected = hf_greedy(hf, prompts, NEW_TOKENS)
     if dtype == torch.float32:
-        assert [s.output for s in sequences] == expected
-    else:
-        # bf16 GPU kernels differ in accumulation order; require the first tokens to agree.
-        assert [s.output[:4] for s in sequences] == [e[:4] for e in expected]
+        assert [s.output for s in sequences] == hf_greedy(hf, prompts, NEW_TOKENS)
+        return
+    # bf16 kernels round differently from transformers', so where two logits nearly tie the tokens may
+    # part ways. Over each sequence we generated: our logits stay within twice transformers' own bf16
+    # error against the float32 reference (+0.05), and each token we picked is then within twice that
+    # bound of the reference's best (EOS excluded: min_tokens masks it for both).
+    hf_fp32 = hf_model(checkpoint, torch.float32).to(DEVICE)
+    generated = [prompt + sequence.output for prompt, sequence in zip(prompts, sequences)]
+    eos = list(runner.model_config.eos_token_ids)
+    for ours, token_ids, prompt in zip(prefill_logits(runner, generated), generated, prompts):
+        reference = hf_logits(hf_fp32, token_ids)
+        bound = 2 * (hf_logits(hf, token_ids) - reference).abs().max().item() + 0.05
+        assert (ours - reference).abs().max().item() <= bound
+        choices = reference[len(prompt) - 1 : -1].clone()  # the logits each output token was picked from
+        choices[:, eos] = float("-inf")
+        picked = choices.gather(1, torch.tensor(token_ids[len(prompt) :], device=choices.device)[:, None])[:, 0]
+        assert len(picked) == NEW_TOKENS
+        assert (choices.max(dim=1).values - picked).max().item() <= 2 * bound

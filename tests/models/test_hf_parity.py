@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
-from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
-from tests.hf_reference import hf_greedy, hf_model
-from tests.models.paged_generation import generate
+from rapid_llm.worker_proc.model_runner import ModelRunner
+from tests.hf_reference import hf_greedy, hf_logits, hf_model
+from tests.models.paged_generation import generate, prefill_logits
 
 PROMPT_LENGTHS = (7, 21, 38)
 NEW_TOKENS = 32
@@ -31,35 +30,14 @@ def _runner(checkpoint, block_size: int = 16, dtype: str = "auto") -> ModelRunne
     return ModelRunner(model_config, CacheConfig(block_size=block_size, num_blocks=64), DeviceConfig("cpu"))
 
 
-def _paged_prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Logits at every prompt position, all prompts in one step."""
-    blocks_needed = [-(-len(p) // runner.cache_config.block_size) for p in prompts]
-    starts = [sum(blocks_needed[:i]) for i in range(len(prompts))]
-    requests = [
-        ScheduledRequest(str(i), i, p, [], 0, len(p), list(range(start, start + n)))
-        for i, (p, start, n) in enumerate(zip(prompts, starts, blocks_needed))
-    ]
-    for request in requests:
-        runner.add_request(request.slot, request.prompt_token_ids)
-        runner.clear_blocks(list(request.block_table))
-    with torch.inference_mode():
-        logits = runner.model.compute_logits(runner.forward(requests)).float()
-    return list(logits.split([len(p) for p in prompts]))
-
-
-def _hf_logits(model: transformers.PreTrainedModel, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([prompt])).logits[0].float()
-
-
 @pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
 def test_prefill_logits_match_transformers_float32(tiny_checkpoint, architecture: str) -> None:
     checkpoint = tiny_checkpoint(architecture)
     runner = _runner(checkpoint, block_size=16)
     hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size)
-    for ours, prompt in zip(_paged_prefill_logits(runner, prompts), prompts):
-        assert (ours - _hf_logits(hf, prompt)).abs().max().item() <= 1e-3
+    for ours, prompt in zip(prefill_logits(runner, prompts), prompts):
+        assert (ours - hf_logits(hf, prompt)).abs().max().item() <= 1e-3
 
 
 @pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
@@ -72,9 +50,9 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
     assert runner.model_config.dtype == torch.bfloat16
     hf_bf16, hf_fp32 = hf_model(checkpoint, torch.bfloat16), hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size)
-    for ours, prompt in zip(_paged_prefill_logits(runner, prompts), prompts):
-        reference = _hf_logits(hf_fp32, prompt)
-        hf_error = (_hf_logits(hf_bf16, prompt) - reference).abs().max().item()
+    for ours, prompt in zip(prefill_logits(runner, prompts), prompts):
+        reference = hf_logits(hf_fp32, prompt)
+        hf_error = (hf_logits(hf_bf16, prompt) - reference).abs().max().item()
         assert (ours - reference).abs().max().item() <= 2 * hf_error + 0.05
 
 

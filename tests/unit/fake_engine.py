@@ -31,19 +31,21 @@ class FakeEngine:
         model_path: str = "/models/tiny",
         max_model_len: int = 128,
         tokens_per_delta: int = 3,
+        vocab_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
+        # Checkpoints often pad the embedding past the tokenizer; None: exactly the tokenizer's size.
+        self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
         self.tokens_per_delta = tokens_per_delta
         self.enable_prefix_caching = True
         self.server_info = {"model": model_path, "max_model_len": max_model_len}
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
         self.running: set[str] = set()
         self.num_flushes = 0
-        self.aborted: list[str] = []
-        self.closed_early: list[str] = []  # generators closed before their finishing delta
+        self.closed_early: list[str] = []  # generators closed before their finishing delta (aborted)
         self.healthy = True
         self.scheduler_stats: SchedulerStats | None = None
         self.num_cached_tokens = 0
@@ -107,10 +109,6 @@ class FakeEngine:
             self.running.discard(request_id)
             if not finished:
                 self.closed_early.append(request_id)
-                await self.abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
 
     async def flush_cache(self) -> bool:
         if self.running:

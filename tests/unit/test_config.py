@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
 from rapid_llm.server_args import ServerArgs
 
 
@@ -37,6 +37,16 @@ def test_rope_scaling_stretches_the_supported_length(tiny_checkpoint) -> None:
     assert ModelConfig.from_pretrained(str(checkpoint)).max_model_len == 128
 
 
+def test_rope_parameters_are_resolved_once_without_touching_the_hf_config(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint(max_position_embeddings=32,
+                                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    config = ModelConfig.from_pretrained(str(checkpoint))
+    before = config.hf_config.to_dict()
+    assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 4.0
+    config.rope_parameters["factor"] = 1.0  # the stored dict is a copy, not the HF config's own
+    assert config.hf_config.rope_parameters["factor"] == 4.0 and config.hf_config.to_dict() == before
+
+
 def test_not_a_checkpoint_directory(tmp_path) -> None:
     with pytest.raises(ValueError, match="no config.json"):
         ModelConfig.from_pretrained(str(tmp_path))
@@ -59,6 +69,15 @@ def test_eos_comes_from_generation_config(tiny_checkpoint) -> None:
 def test_cache_config_errors_name_the_flag(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CacheConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"max_num_seqs": 0}, "--max-num-seqs"), ({"max_num_batched_tokens": 0}, "--max-num-batched-tokens")],
+)
+def test_scheduler_config_is_checked_when_built(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(max_model_len=64, **kwargs)
 
 
 def test_kv_dtype_auto_is_the_model_dtype() -> None:

@@ -66,6 +66,14 @@ def random_qk(num_tokens: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch
     return q, k
 
 
+def rotate_at(
+    rope: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+    seq_lens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's path: cos/sin for the batch's positions, then the rotation of q and k."""
+    return rope.rotate(q, k, *rope.cos_sin(positions, seq_lens, q.dtype))
+
+
 def hf_rotate(
     config: transformers.LlamaConfig, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +118,7 @@ def test_rotation_matches_hf(case: str, dtype: torch.dtype, atol: float) -> None
     high = MAX_POS if case == "dynamic" else rope.max_positions
     positions = torch.randint(0, high, (40,), generator=torch.Generator().manual_seed(1))
     q, k = random_qk(40, dtype)
-    q_out, k_out = rope(positions, q, k)
+    q_out, k_out = rotate_at(rope, positions, q, k)
     q_ref, k_ref = hf_rotate(config, positions, q, k)
     assert q_out.dtype == dtype and k_out.dtype == dtype
     assert q_out.shape == q.shape and k_out.shape == k.shape
@@ -122,8 +130,8 @@ def test_three_dim_inputs_keep_shape() -> None:
     rope = get_rope(make_config(ROPE_CASES["llama3"]), HEAD_DIM)
     positions = torch.arange(10)
     q, k = random_qk(10, torch.float32)
-    q_flat, k_flat = rope(positions, q, k)
-    q_3d, k_3d = rope(positions, q.view(10, NUM_HEADS, HEAD_DIM), k.view(10, NUM_KV_HEADS, HEAD_DIM))
+    q_flat, k_flat = rotate_at(rope, positions, q, k)
+    q_3d, k_3d = rotate_at(rope, positions, q.view(10, NUM_HEADS, HEAD_DIM), k.view(10, NUM_KV_HEADS, HEAD_DIM))
     assert q_3d.shape == (10, NUM_HEADS, HEAD_DIM) and k_3d.shape == (10, NUM_KV_HEADS, HEAD_DIM)
     torch.testing.assert_close(q_3d.reshape(q.shape), q_flat, atol=0, rtol=0)
     torch.testing.assert_close(k_3d.reshape(k.shape), k_flat, atol=0, rtol=0)
@@ -136,7 +144,7 @@ def test_dynamic_single_long_sequence_matches_hf(dtype: torch.dtype, atol: float
     length = 100  # > max_position_embeddings, so HF rescales the base for this call
     positions = torch.arange(length)
     q, k = random_qk(length, dtype)
-    q_out, k_out = rope(positions, q, k, seq_lens=torch.full((length,), length))
+    q_out, k_out = rotate_at(rope, positions, q, k, seq_lens=torch.full((length,), length))
     q_ref, k_ref = hf_rotate(config, positions, q, k)
     torch.testing.assert_close(q_out, q_ref, atol=atol, rtol=0)
     torch.testing.assert_close(k_out, k_ref, atol=atol, rtol=0)
@@ -150,7 +158,7 @@ def test_dynamic_mixed_batch_scales_each_sequence_by_its_own_length() -> None:
     positions = torch.cat(sequences)
     seq_lens = torch.cat([torch.full_like(p, int(p.max()) + 1) for p in sequences])
     q, k = random_qk(len(positions), torch.float32)
-    q_out, k_out = rope(positions, q, k, seq_lens=seq_lens)
+    q_out, k_out = rotate_at(rope, positions, q, k, seq_lens=seq_lens)
 
     start = 0
     for seq_positions in sequences:
@@ -161,7 +169,7 @@ def test_dynamic_mixed_batch_scales_each_sequence_by_its_own_length() -> None:
         start = end
 
     # The decode token really used its own length: scaling it by the first sequence's length differs.
-    q_wrong, _ = rope(positions[100:101], q[100:101], k[100:101], seq_lens=torch.tensor([100]))
+    q_wrong, _ = rotate_at(rope, positions[100:101], q[100:101], k[100:101], seq_lens=torch.tensor([100]))
     assert not torch.allclose(q_wrong, q_out[100:101], atol=1e-3)
 
 
@@ -170,8 +178,8 @@ def test_dynamic_defaults_seq_lens_to_position_plus_one() -> None:
     rope = get_rope(config, HEAD_DIM)
     positions = torch.tensor([149, 10, 70])
     q, k = random_qk(3, torch.float32)
-    q_default, k_default = rope(positions, q, k)
-    q_explicit, k_explicit = rope(positions, q, k, seq_lens=positions + 1)
+    q_default, k_default = rotate_at(rope, positions, q, k)
+    q_explicit, k_explicit = rotate_at(rope, positions, q, k, seq_lens=positions + 1)
     torch.testing.assert_close(q_default, q_explicit, atol=0, rtol=0)
     torch.testing.assert_close(k_default, k_explicit, atol=0, rtol=0)
 
@@ -188,7 +196,7 @@ def test_partial_rotary_factor_rotates_only_the_leading_dims() -> None:
 
     positions = torch.randint(0, MAX_POS, (12,), generator=torch.Generator().manual_seed(2))
     q, k = random_qk(12, torch.float32)
-    q_out, k_out = rope(positions, q, k)
+    q_out, k_out = rotate_at(rope, positions, q, k)
     q_heads, q_out_heads = q.view(12, NUM_HEADS, HEAD_DIM), q_out.view(12, NUM_HEADS, HEAD_DIM)
     k_heads, k_out_heads = k.view(12, NUM_KV_HEADS, HEAD_DIM), k_out.view(12, NUM_KV_HEADS, HEAD_DIM)
     assert torch.equal(q_out_heads[..., rotary_dim:], q_heads[..., rotary_dim:])
@@ -239,3 +247,17 @@ def test_tables_stay_float32_when_module_is_cast() -> None:
     assert isinstance(model[0], RotaryEmbedding)
     for name, buffer in rope.named_buffers():
         assert buffer.dtype == torch.float32 and torch.equal(buffer, reference[name]), name
+
+
+def test_module_apply_reaches_every_submodule_of_a_built_model() -> None:
+    # `nn.Module.apply(fn)` is how weights get initialised; a layer must not shadow it.
+    from rapid_llm.models.llama import LlamaForCausalLM
+
+    config = make_config(ROPE_CASES["default"])
+    config.num_hidden_layers, config.intermediate_size, config.vocab_size = 2, 64, 128
+    model = LlamaForCausalLM(config)
+    visited: list[torch.nn.Module] = []
+    assert model.apply(visited.append) is model
+    # The rotary module is shared by every layer: `apply` visits it once per layer, `modules()` once.
+    assert {id(module) for module in visited} == {id(module) for module in model.modules()}
+    assert any(isinstance(module, RotaryEmbedding) for module in visited)

@@ -7,7 +7,7 @@ _BACKENDS: dict[str, type[AttentionBackend]] = {TorchReferenceBackend.name: Torc
 
 
 def select_attention_backend(name: str = "auto") -> AttentionBackend:
-    """`auto` picks the fastest backend whose conditions hold; today that is the reference."""
+    """`auto` is the torch reference backend, the only one built so far."""
     if name == "auto":
         name = TorchReferenceBackend.name
     if name not in _BACKENDS:

@@ -43,8 +43,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int64
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0
-    max_query_len: int
-    max_seq_len: int
 
 
 class AttentionBackend(ABC):
@@ -104,6 +102,4 @@ def build_common_metadata(layout: StepLayout, device: torch.device) -> Attention
         seq_lens=seq_lens,
         query_start_loc=query_start_loc,
         block_tables=block_tables,
-        max_query_len=max(layout.query_lens, default=0),
-        max_seq_len=max(layout.seq_lens, default=0),
     )

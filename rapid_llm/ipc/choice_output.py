@@ -1,0 +1,39 @@
+"""ChoiceOutput: one request's output, accumulated from the TextDelta messages the detokenizer sends.
+
+Both clients of the detokenizer use it: the HTTP frontend (a whole response, or what one stream
+chunk carries) and the offline `LLM` (whose `CompletionOutput` extends it). Text is kept as parts
+and joined on read, so appending a delta never copies what came before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rapid_llm.ipc.messages import TextDelta, TokenLogprobs
+
+
+@dataclass
+class ChoiceOutput:
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # aligned with token_ids
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def add(self, delta: TextDelta) -> None:
+        if delta.text:
+            self.text_parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if len(self.logprobs) < len(self.token_ids):
+            self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+        # Engines may report the count on any delta; the largest is the final one.
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
