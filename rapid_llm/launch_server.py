@@ -82,6 +82,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
+    from rapid_llm.frontend.protocol import GenerationRequest
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
 
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
@@ -92,6 +93,7 @@ def _serve(args: ServerArgs, started: float) -> int:
                 "API key %s", scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
                 _on_off(scheduler.enable_prefix_caching), _on_off(scheduler.async_scheduling),
                 _on_off(args.api_key is not None))
+    GenerationRequest.use_sampling_defaults(config.sampling_defaults)
 
     engine = EngineProcesses(config)
     try:

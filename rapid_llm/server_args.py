@@ -58,6 +58,9 @@ class ServerArgs:
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     attention_backend: str = field(default="auto", metadata={"help": "Attention backend (auto or torch)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom code in the checkpoint."})
+    generation_config: str = field(default="auto", metadata={"help": "Sampling defaults for fields a request "
+                                   "leaves unset: auto (the model's generation_config.json), vllm (none) or a "
+                                   "directory holding a generation_config.json."})
     api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer KEY'."})
     disable_async_scheduling: bool = field(default=False, metadata={"help": "Plan each step only after the "
                                            "previous one finished (lock-step)."})
@@ -117,6 +120,7 @@ class ServerArgs:
         check_model_dir(model_dir)
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
         from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.models.registry import check_supported
         from rapid_llm.ops.attention import select_attention_backend
 
@@ -151,6 +155,7 @@ class ServerArgs:
             served_model_name=self.served_model_name or self.model or model_dir,
             attention_backend=self.attention_backend,
             log_level=self.log_level.lower(),
+            sampling_defaults=generation_defaults(self.generation_config, model_dir),
         )
 
 

@@ -101,7 +101,7 @@ def test_help_states_each_default_once(capsys) -> None:
     assert "(default: None)" not in help_text
     assert "(default: the model's). (default" not in help_text
     assert "HTTP port. (default: 30000)" in help_text
-    assert "--model-path" in help_text
+    assert "--model-path" in help_text and "--generation-config" in help_text
 
 
 def test_version_and_a_bad_flag_value_are_one_line() -> None:
