@@ -1,9 +1,10 @@
 """`python -m rapid_llm.launch_server`: resolve the config, start the engine processes, serve HTTP.
 
-The engine children start first, so their imports and weight loading overlap with the
-tokenizer load here. The frontend runs in this process on uvicorn (uvloop where available).
-A child that dies later stops the server with a log line and a non-zero exit; SIGINT/SIGTERM
-stop every child and remove the socket files.
+Everything that can be checked without weights (flags, paths, tokenizer files, architecture, the
+listening port) is checked first, failing with one line. Then the engine children start, so their
+imports and weight loading overlap with the tokenizer load here. The frontend runs in this process
+on uvicorn (uvloop where available). A child that dies later stops the server with a log line and
+a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import logging
 import signal
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from rapid_llm.server_args import ServerArgs
 
 logger = logging.getLogger("rapid_llm.launch_server")
 GRACEFUL_SHUTDOWN_S = 5
@@ -38,10 +42,16 @@ def _run_event_loop(main: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from rapid_llm.server_args import ServerArgs
-    from rapid_llm.utils.process import configure_logging
 
-    args = ServerArgs.from_cli(argv)
+    return run(ServerArgs.from_cli(argv))
+
+
+def run(args: ServerArgs) -> int:
+    """Serve until stopped; the exit code (0: stopped on request, 1: an engine process failed, 2: bad setting)."""
+    from rapid_llm.utils.process import configure_logging, set_process_title
+
     configure_logging(args.log_level)
+    set_process_title("frontend")
     started = time.perf_counter()
     # uvicorn re-raises the signal it caught once it has stopped; with a Python handler installed
     # that becomes an exception here, so the `finally` below still stops the children.
@@ -53,26 +63,38 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _serve(args: Any, started: float) -> int:
+def _serve(args: ServerArgs, started: float) -> int:
+    from rapid_llm.entrypoints.http_server import HttpServer, bind_listening_socket
+    from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
+
+    # Cheapest checks first, so a typo is reported before torch is even imported.
+    try:
+        args.check_http()
+        listening_socket = bind_listening_socket(args.host, args.port)
+        model_dir = model_dir_or_demo(args.model)
+        config = args.engine_config(model_dir)
+        frontend_options = args.frontend_options()
+    except (ValueError, OSError) as error:
+        logger.error("invalid configuration: %s", error)
+        return 2
     import uvicorn
     from transformers import AutoTokenizer
 
     import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
+    from rapid_llm.frontend.protocol import GenerationRequest
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
-    from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 
-    model_dir = model_dir_or_demo(args.model)
-    try:
-        config = args.engine_config(model_dir)
-        frontend_options = args.frontend_options()
-    except (ValueError, OSError) as error:
-        logger.error("invalid configuration: %s", error)
-        return 2
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
                 config.model.architecture, model_dir, config.model.dtype, config.model.max_model_len,
                 config.device.torch_device)
+    scheduler = config.scheduler
+    logger.info("scheduler: max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, async scheduling %s; "
+                "API key %s", scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                _on_off(scheduler.enable_prefix_caching), _on_off(scheduler.async_scheduling),
+                _on_off(args.api_key is not None))
+    GenerationRequest.use_sampling_defaults(config.sampling_defaults)
 
     engine = EngineProcesses(config)
     try:
@@ -85,24 +107,31 @@ def _serve(args: Any, started: float) -> int:
     server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
                    "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
-                               config.model.max_model_len, config.model.vocab_size, engine.is_alive, config.scheduler.enable_prefix_caching,
-                               server_info)
+                               config.model.max_model_len, config.model.vocab_size, engine.is_alive,
+                               config.scheduler.enable_prefix_caching, server_info)
     app = build_app(manager, frontend_options)
     # A bounded graceful shutdown: after a child dies, open streams end with an error, not a hang.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=args.log_level == "debug", loop="none",
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    server = HttpServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                       access_log=args.log_level == "debug", loop="none",
+                                       timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S),
+                        end_streams=lambda: manager.fail_all("the server is shutting down"))
     died: list[str] = []
     loops: list[asyncio.AbstractEventLoop] = []
 
-    def on_child_death(name: str, exit_code: int | None) -> None:
-        logger.error("the %s process died (exit code %s); shutting the server down", name, exit_code)
-        died.append(name)
+    def on_child_exit(name: str, exit_code: int | None) -> None:
+        if server.should_exit:
+            return  # the launcher is stopping too (e.g. SIGTERM sent to the whole process group)
+        # configure_child turns SIGTERM into exit code 0: someone stopped that child, it did not crash.
+        how = "was stopped" if exit_code == 0 else "died"
+        log = logger.info if exit_code == 0 else logger.error
+        log("the %s process %s (exit code %s); shutting the server down", name, how, exit_code)
+        if exit_code != 0:
+            died.append(name)
         for loop in loops:
-            loop.call_soon_threadsafe(manager.fail_all, f"the {name} process died")
+            loop.call_soon_threadsafe(manager.fail_all, f"the {name} process {how}")
         server.should_exit = True
 
-    engine.watch(on_child_death)
+    engine.watch(on_child_exit)
 
     async def serve() -> None:
         loops.append(asyncio.get_running_loop())
@@ -110,7 +139,7 @@ def _serve(args: Any, started: float) -> int:
         logger.info("engine ready after %.2f s; starting HTTP for %r on http://%s:%d",
                     time.perf_counter() - started, config.served_model_name, args.host, args.port)
         try:
-            await server.serve()
+            await server.serve(sockets=[listening_socket])
         finally:
             await manager.stop()
 
@@ -119,6 +148,10 @@ def _serve(args: Any, started: float) -> int:
     finally:
         engine.shutdown()
     return 1 if died or not server.started else 0
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """ServerArgs: the command line (one flat namespace, like SGLang's), validated into an EngineConfig once.
 
 The offline `LLM` class takes the same fields as keyword arguments, so both entry points
-share one set of names, defaults and error messages.
+share one set of names, defaults and error messages. Every check that needs no weights (paths,
+tokenizer files, architecture, attention backend, port) runs here, before any child starts, and
+fails with one line naming the flag and the fix; so does a command-line syntax error.
 """
 
 from __future__ import annotations
@@ -9,9 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
+
+import rapid_llm
 
 DEFAULT_PORT = 30000
+MAX_PORT = 65535
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
@@ -26,7 +33,8 @@ def parse_size(text: str, flag: str) -> int:
 @dataclass
 class ServerArgs:
     model: str | None = field(default=None, metadata={"help": "Hugging Face checkpoint directory. Without it, a "
-                              "small random demo checkpoint is built locally and served."})
+                              "small random demo checkpoint is built locally and served.",
+                              "aliases": ("--model-path",)})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: the model's)."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id clients use (default: the "
                                           "model path)."})
@@ -45,11 +53,14 @@ class ServerArgs:
     num_kv_blocks: int | None = field(default=None, metadata={"help": "Exact number of KV blocks (overrides "
                                       "--kv-cache-memory)."})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Share of GPU memory for weights and "
-                                          "KV cache."})
+                                          "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype (auto = model dtype)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     attention_backend: str = field(default="auto", metadata={"help": "Attention backend (auto or torch)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom code in the checkpoint."})
+    generation_config: str = field(default="auto", metadata={"help": "Sampling defaults for fields a request "
+                                   "leaves unset: auto (the model's generation_config.json), vllm (none) or a "
+                                   "directory holding a generation_config.json."})
     api_key: str | None = field(default=None, metadata={"help": "Require 'Authorization: Bearer KEY'."})
     chat_template: str | None = field(default=None, metadata={"help": "Chat template replacing the tokenizer's: "
                                       "a file, or the jinja template itself."})
@@ -71,24 +82,39 @@ class ServerArgs:
         for item in dataclasses.fields(cls):
             if item.name in exclude:
                 continue
-            flag = "--" + item.name.replace("_", "-")
+            flags = ["--" + item.name.replace("_", "-"), *item.metadata.get("aliases", ())]
             if item.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", default=item.default,
-                                    help=f"{item.metadata['help']} (default: {'on' if item.default else 'off'})")
+                parser.add_argument(*flags, action="store_true", default=item.default,
+                                    help=_with_default(item.metadata["help"], "on" if item.default else "off"))
                 if "off_flag" in item.metadata:
                     parser.add_argument(item.metadata["off_flag"], dest=item.name, action="store_false",
-                                        help=f"Turn {flag} off.")
+                                        help=f"Turn {flags[0]} off.")
                 continue
             kind = {"int": int, "int | None": int, "float": float}.get(str(item.type), str)
-            parser.add_argument(flag, type=kind, default=item.default,
-                                help=f"{item.metadata['help']} (default: {item.default})")
+            parser.add_argument(*flags, type=kind, default=item.default,
+                                help=_with_default(item.metadata["help"], item.default))
 
     @classmethod
-    def from_cli(cls, argv: list[str] | None = None) -> "ServerArgs":
-        parser = argparse.ArgumentParser(prog="python -m rapid_llm.launch_server",
-                                         description="Serve a model over the OpenAI API.")
+    def from_cli(cls, argv: list[str] | None = None, prog: str = "python -m rapid_llm.launch_server",
+                 positional_model: bool = False) -> "ServerArgs":
+        """Parse `argv`; `positional_model` also takes the model as the first argument (`rapid-llm serve MODEL`)."""
+        parser = OneLineErrorParser(prog=prog, description="Serve a model over the OpenAI API.")
+        if positional_model:
+            parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="Same as --model.")
+        parser.add_argument("--version", action="version", version=f"rapid_llm {rapid_llm.__version__}")
         cls.add_cli_args(parser)
-        return cls(**vars(parser.parse_args(argv)))
+        values = vars(parser.parse_args(argv))
+        model_tag = values.pop("model_tag", None)
+        if model_tag is not None:
+            if values["model"] not in (None, model_tag):
+                parser.error(f"the model is given twice ({model_tag!r} and --model {values['model']!r}); give one")
+            values["model"] = model_tag
+        return cls(**values)
+
+    def check_http(self) -> None:
+        """The HTTP-only settings the offline LLM does not use."""
+        if not 1 <= self.port <= MAX_PORT:
+            raise ValueError(f"--port {self.port} is out of range; pass a port in 1-{MAX_PORT}")
 
     def frontend_options(self):
         """The HTTP server's settings (chat template read from its file); errors name the flag."""
@@ -104,12 +130,22 @@ class ServerArgs:
 
     def engine_config(self, model_dir: str):
         """Resolve and validate every setting; errors name the flag and the fix."""
-        from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from rapid_llm.config.checkpoint_dir import check_model_dir, check_tokenizer_dir
 
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"--log-level {self.log_level!r} must be debug, info, warning or error")
+        # Before the imports below (torch, transformers: seconds), so a wrong path fails at once.
+        check_model_dir(model_dir)
+        check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
+        from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from rapid_llm.config.generation_defaults import generation_defaults
+        from rapid_llm.models.registry import check_supported
+        from rapid_llm.ops.attention import select_attention_backend
+
+        select_attention_backend(self.attention_backend)
         device = DeviceConfig(self.device)
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code)
+        check_supported(model.architecture)
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
@@ -137,4 +173,20 @@ class ServerArgs:
             served_model_name=self.served_model_name or self.model or model_dir,
             attention_backend=self.attention_backend,
             log_level=self.log_level.lower(),
+            sampling_defaults=generation_defaults(self.generation_config, model_dir),
         )
+
+
+def _with_default(help_text: str, default: object) -> str:
+    """`help_text` plus its default, unless the text already says what the default is."""
+    if default is None or "default" in help_text:
+        return help_text
+    return f"{help_text} (default: {default})"
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (argparse prints the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)

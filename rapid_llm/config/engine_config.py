@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rapid_llm.config.cache_config import CacheConfig
@@ -21,6 +21,8 @@ class EngineConfig:
     served_model_name: str
     attention_backend: str = "auto"
     log_level: str = "info"
+    # SamplingParams field -> value from --generation-config, for fields a request leaves unset.
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The settings a benchmark result should record (served at GET /server_info)."""
@@ -38,4 +40,5 @@ class EngineConfig:
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "async_scheduling": self.scheduler.async_scheduling,
             "enable_prefix_caching": self.scheduler.enable_prefix_caching,
+            "sampling_defaults": self.sampling_defaults,
         }

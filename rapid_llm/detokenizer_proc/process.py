@@ -20,13 +20,9 @@ from rapid_llm.ipc.messages import AbortRequest, TextBatch, TokenBatch
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 
-PROCESS_TITLE = "rapid_llm::detokenizer"
-
-
 def run_detokenizer(tokenizer_dir: str, paths: IpcPaths, log_level: str, ready: Connection) -> None:
     """Load the tokenizer, report ready (or the start-up error) on `ready`, then serve until SIGTERM."""
     configure_child(log_level)
-    _set_process_title()
     context = zmq.Context()
     try:
         try:
@@ -52,11 +48,3 @@ def _abort_stopped(batch: TextBatch, scheduler: Sender) -> None:
     for delta in batch.deltas:
         if delta.finish_reason == "stop" and isinstance(delta.stop_reason, str):
             scheduler.send(AbortRequest(delta.request_id))
-
-
-def _set_process_title() -> None:
-    try:
-        import setproctitle
-    except ImportError:
-        return
-    setproctitle.setproctitle(PROCESS_TITLE)

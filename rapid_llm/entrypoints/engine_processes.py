@@ -1,7 +1,8 @@
 """Start, supervise and stop the scheduler, worker and detokenizer processes of one engine.
 
 Children are spawned (never forked: torch and ZMQ state must not be inherited), all at once so
-their imports overlap. Each reports ready or its exception over a pipe; start-up fails with the
+their imports overlap. Each target is a "module:function" string imported inside the child, so
+this module (and the HTTP process importing it) never loads the worker's model stack. Each reports ready or its exception over a pipe; start-up fails with the
 first child's one-line cause. Afterwards a watcher thread notices any child that exits and
 calls back, so the server stops rather than answering /health without an engine behind it.
 """
@@ -14,13 +15,13 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from rapid_llm.config import EngineConfig
-from rapid_llm.detokenizer_proc.process import run_detokenizer
 from rapid_llm.ipc.sockets import IpcPaths
-from rapid_llm.scheduler_proc.process import run_scheduler
-from rapid_llm.worker_proc.process import run_worker
+from rapid_llm.utils.process import run_child
+
+if TYPE_CHECKING:
+    from rapid_llm.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
@@ -48,14 +49,18 @@ class EngineProcesses:
         self._stopping = threading.Event()
         self.info: dict[str, dict[str, Any]] = {}
         context = multiprocessing.get_context("spawn")
-        targets: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
-            ("scheduler", run_scheduler, (config.scheduler, self.paths, config.log_level)),
-            ("detokenizer", run_detokenizer, (config.tokenizer, self.paths, config.log_level)),
+        targets: list[tuple[str, str, tuple[Any, ...]]] = [
+            ("scheduler", "rapid_llm.scheduler_proc.process:run_scheduler",
+             (config.scheduler, self.paths, config.log_level)),
+            ("detokenizer", "rapid_llm.detokenizer_proc.process:run_detokenizer",
+             (config.tokenizer, self.paths, config.log_level)),
         ]
-        targets += [(f"worker{rank}", run_worker, (config, rank, self.paths)) for rank in range(num_ranks)]
+        targets += [(f"worker{rank}", "rapid_llm.worker_proc.process:run_worker", (config, rank, self.paths))
+                     for rank in range(num_ranks)]
         for name, target, args in targets:
             receiver, sender = context.Pipe(duplex=False)
-            self.processes[name] = context.Process(target=target, args=(*args, sender), name=name, daemon=True)
+            self.processes[name] = context.Process(target=run_child, args=(name, target, *args, sender), name=name,
+                                                   daemon=True)
             self._ready_pipes[name] = receiver
 
     def start(self) -> None:

@@ -1,7 +1,9 @@
 """Offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` over the same engine processes.
 
 No HTTP: this process tokenizes, sends requests straight to the scheduler and collects text from
-the detokenizer. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
+the detokenizer. As in vLLM, `generate` without sampling params uses `get_default_sampling_params()`
+(the checkpoint's generation_config.json sampling defaults, per --generation-config); explicit
+SamplingParams are used as given. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class LLM:
         self._request_ids = (f"offline-{next(_instance_ids)}-{i}" for i in itertools.count())
         atexit.register(self.shutdown)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the --generation-config defaults applied (what `generate` uses without params)."""
+        return SamplingParams(**self.config.sampling_defaults)
+
     def _prompt_token_ids(self, prompt: Prompt) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
@@ -87,7 +93,7 @@ class LLM:
             prompts = [prompts]
         params_list = (
             list(sampling_params) if isinstance(sampling_params, Sequence)
-            else [sampling_params or SamplingParams()] * len(prompts)
+            else [sampling_params or self.get_default_sampling_params()] * len(prompts)
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")

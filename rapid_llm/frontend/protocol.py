@@ -49,6 +49,9 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
     null_means: ClassVar[dict[str, Any]] = {"n": 1, "stream": False, "ignore_eos": False,
                                             "skip_special_tokens": True}
+    # Server-wide defaults from --generation-config (SamplingParams names) for fields a request leaves
+    # unset; set once at start-up by `use_sampling_defaults`.
+    sampling_defaults: ClassVar[dict[str, Any]] = {}
 
     model: str | None = None
     n: int | None = 1
@@ -95,6 +98,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of other than n is not supported by rapid_llm yet", param="best_of")
 
+    @classmethod
+    def use_sampling_defaults(cls, defaults: dict[str, Any]) -> None:
+        cls.sampling_defaults = dict(defaults)
+
     @property
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
@@ -121,6 +128,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             "min_tokens": self.min_tokens,
             "stop_token_ids": self.stop_token_ids,
         }
+        resolved = {name: self.sampling_defaults.get(name) if value is None else value
+                    for name, value in optional.items()}
         params = SamplingParams(
             n=self.n,
             max_tokens=max_tokens,
@@ -128,7 +137,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            **{name: value for name, value in optional.items() if value is not None},
+            **{name: value for name, value in resolved.items() if value is not None},
         )
         try:
             return params.validate()
@@ -193,7 +202,8 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     @property
     def requested_max_tokens(self) -> int | None:
         # OpenAI deprecated max_tokens for max_completion_tokens; the newer name wins when both are set.
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        requested = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.sampling_defaults.get("max_tokens") if requested is None else requested
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -1,12 +1,15 @@
 """ZeroMQ channels between the processes: one PUSH/PULL pair per direction, msgspec on the wire.
 
 Every launch gets its own directory of `ipc://` socket files, so two servers on one machine
-never collide, and removing that directory on shutdown removes every socket file. Receivers
+never collide, and removing that directory on shutdown removes every socket file. A launch that
+was killed (SIGKILL) cannot remove its own, so each new launch sweeps the directories of launchers
+whose pid is no longer alive (the pid is in the directory name). Receivers
 block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -19,6 +22,25 @@ import zmq
 import zmq.asyncio
 
 T = TypeVar("T")
+_DIR_PREFIX = "rapid_llm-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        pass
+    return True
+
+
+def remove_stale_socket_dirs() -> None:
+    """Remove the socket directories of launchers that died without cleaning up."""
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}*-*-*")):
+        pid = os.path.basename(directory)[len(_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and os.path.isdir(directory) and not _pid_alive(int(pid)):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -35,7 +57,8 @@ class IpcPaths:
 
     @classmethod
     def create(cls, num_ranks: int) -> "IpcPaths":
-        directory = tempfile.mkdtemp(prefix=f"rapid_llm-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
+        remove_stale_socket_dirs()
+        directory = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-")
 
         def address(name: str) -> str:
             return f"ipc://{os.path.join(directory, name)}"

@@ -22,13 +22,17 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def resolve_model_class(architecture: str) -> type[torch.nn.Module]:
-    """Import and return the class for `architecture`; unknown names list what is supported."""
-    target = _MODELS.get(architecture)
-    if target is None:
+def check_supported(architecture: str) -> None:
+    """Raise ValueError, listing what is supported, unless `architecture` is (imports no model)."""
+    if architecture not in _MODELS:
         raise ValueError(
             f"Model architecture {architecture!r} is not supported by rapid_llm. "
             f"Supported architectures: {', '.join(supported_architectures())}"
         )
-    module_name, class_name = target.split(":")
+
+
+def resolve_model_class(architecture: str) -> type[torch.nn.Module]:
+    """Import and return the class for `architecture`; unknown names list what is supported."""
+    check_supported(architecture)
+    module_name, class_name = _MODELS[architecture].split(":")
     return getattr(importlib.import_module(module_name), class_name)

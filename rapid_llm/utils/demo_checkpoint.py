@@ -13,8 +13,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
-
 logger = logging.getLogger(__name__)
 DEMO_NAME = "demo-llama-v1"
 DEMO_CONFIG = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -32,6 +30,9 @@ def ensure_demo_checkpoint() -> tuple[Path, bool]:
     target = demo_checkpoint_dir()
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target, False
+    # Imported here: it pulls in torch and transformers, which a start-up that fails early never needs.
+    from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=target.parent))
     build_tiny_checkpoint(staging, "LlamaForCausalLM", **DEMO_CONFIG)

@@ -1,5 +1,8 @@
-"""What every engine child process does at start: signals, logging, parent-death, readiness report.
+"""What every engine child process does at start: its name, signals, logging, parent-death, readiness report.
 
+`run_child` is the spawn target of every child: it names the process for `ps`/`top`
+(`rapid_llm::scheduler`), then imports the real entry point from a "module:function" string, so
+the launcher never imports the engine's modules (torch, the model stack) just to name a target.
 Children ignore SIGINT (Ctrl-C reaches the whole process group; the launcher alone decides how
 to stop) and exit cleanly on SIGTERM. On Linux a child also asks the kernel for SIGTERM when the
 launcher dies, so a killed launcher never leaves orphans holding memory or a GPU.
@@ -8,6 +11,7 @@ launcher dies, so a killed launcher never leaves orphans holding memory or a GPU
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import multiprocessing
 import os
@@ -17,8 +21,29 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+import setproctitle
+
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(message)s"
 _PR_SET_PDEATHSIG = 1
+
+
+def set_process_title(role: str) -> None:
+    setproctitle.setproctitle(f"rapid_llm::{role}")
+
+
+def run_child(role: str, target: str, *args: Any) -> None:
+    """Name this process, then import `target` ("module:function") and call it with `args`.
+
+    The last argument is the readiness pipe, so an import failure is reported like any start-up error.
+    """
+    set_process_title(role)
+    module_name, function_name = target.split(":")
+    try:
+        entry_point = getattr(importlib.import_module(module_name), function_name)
+    except Exception as error:
+        report_failure(args[-1], error)
+        sys.exit(1)
+    entry_point(*args)
 
 
 def configure_logging(level: str) -> None:

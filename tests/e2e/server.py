@@ -1,4 +1,8 @@
-"""Start the real server as a subprocess for end-to-end tests, and inspect what it leaves behind."""
+"""Start the real server as a subprocess for end-to-end tests, and inspect what it leaves behind.
+
+The server's output goes to a temporary file that `stop()` reads back and deletes, so test runs
+leave no log files behind while `log()` still returns everything the server printed.
+"""
 
 from __future__ import annotations
 
@@ -60,15 +64,19 @@ def socket_dirs(pid: int) -> list[str]:
 class ServerProcess:
     """`python -m rapid_llm.launch_server ...` on a free port, waited on until /health answers 200."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 120.0) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 120.0,
+                 new_session: bool = False) -> None:
+        """`new_session`: run it in its own process group (for signals sent to the whole group)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix="rapid_llm-e2e-", suffix=".log")[1])
         self._log = self.log_path.open("w")
+        self._final_log: str | None = None
         self.started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rapid_llm.launch_server", "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            start_new_session=new_session,
         )
         self.ready_after = self._wait_healthy(startup_timeout)
 
@@ -76,6 +84,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
@@ -107,8 +116,9 @@ class ServerProcess:
             time.sleep(0.05)
 
     def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
+        if self._final_log is not None:
+            return self._final_log
+        self._log.flush()
         return self.log_path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
@@ -119,5 +129,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self._log.close()
+        if self._final_log is None:
+            self._log.close()
+            self._final_log = self.log_path.read_text()
+            self.log_path.unlink()
         return self.process.returncode

@@ -1,4 +1,4 @@
-"""Server life cycle: idle CPU, clean shutdown, start-up failures, the built-in demo checkpoint."""
+"""Server life cycle: idle CPU, clean and quick shutdown, process names, start-up failures, the demo checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 
@@ -34,13 +35,45 @@ def test_idle_server_sleeps_and_sigterm_leaves_nothing_behind(checkpoint) -> Non
     assert socket_dirs(server.process.pid) == []
 
 
-def test_sigint_also_stops_every_child(checkpoint) -> None:
+def process_title(pid: int) -> str:
+    """What `ps` shows for the process (setproctitle rewrites its command line)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().strip()
+
+
+def test_processes_are_named_for_ps(checkpoint) -> None:
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+    try:
+        titles = {process_title(pid) for pid in [server.process.pid, *child_pids(server.process.pid)]}
+    finally:
+        server.stop()
+    assert {"rapid_llm::frontend", "rapid_llm::scheduler", "rapid_llm::detokenizer", "rapid_llm::worker0"} <= titles
+
+
+def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(checkpoint) -> None:
     server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
     children = child_pids(server.process.pid)
-    server.stop(signal.SIGINT)
+    body = {"prompt": "keep going", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert server.stop(signal.SIGINT) == 0
+        stopped_after = time.monotonic() - started
+        assert "the server is shutting down" in pending.result().text
+    assert stopped_after < 4, f"Ctrl-C took {stopped_after:.1f} s"
     assert wait_gone(children) == []
     assert socket_dirs(server.process.pid) == []
-    assert "Traceback" not in server.log()
+    assert "Traceback" not in server.log() and "CancelledError" not in server.log()
+
+
+def test_sigterm_to_the_process_group_is_a_normal_stop(checkpoint) -> None:
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", new_session=True)
+    children = child_pids(server.process.pid)
+    os.killpg(server.process.pid, signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    server.stop()
+    assert wait_gone(children) == []
+    assert "died" not in server.log() and "ERROR" not in server.log()
 
 
 def test_bad_model_path_exits_fast_with_one_line_cause(tmp_path) -> None:
@@ -49,7 +82,7 @@ def test_bad_model_path_exits_fast_with_one_line_cause(tmp_path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert time.monotonic() - started < 15
-    assert "not a Hugging Face checkpoint directory" in result.stderr
+    assert result.stderr.splitlines()[-1].endswith("does not exist; pass a local Hugging Face checkpoint directory")
     assert "Traceback" not in result.stderr
 
 
@@ -80,13 +113,14 @@ def test_no_model_serves_the_built_in_demo(tmp_path) -> None:
 def test_a_child_dying_later_brings_the_server_down(checkpoint) -> None:
     """Requests in flight when the worker dies get a 503 at once, and the server exits 1."""
     server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
-    engine_children = [pid for pid in child_pids(server.process.pid)
-                       if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+    titles = {pid: process_title(pid) for pid in child_pids(server.process.pid)}
+    engine_children = [pid for pid, title in titles.items() if title.startswith("rapid_llm::")]
+    worker = next(pid for pid, title in titles.items() if title == "rapid_llm::worker0")
     body = {"prompt": "keep going", "max_tokens": 400, "ignore_eos": True}
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
         time.sleep(0.5)
-        os.kill(engine_children[-1], signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
         started = time.monotonic()
         response = pending.result()
     assert response.status_code == 503 and "process died" in response.json()["error"]["message"]

@@ -1,0 +1,55 @@
+"""The launcher's HTTP listener: a socket bound before the engine starts, and a uvicorn server around it.
+
+Binding first turns a busy or invalid --port/--host into a one-line error in a fraction of a second,
+before any weights load, and no other process can take the port while the model loads; the
+socket starts listening only once uvicorn serves it. Ctrl-C ends the streams in flight at once
+(each gets an error event) instead of letting uvicorn wait its graceful timeout and then cancel
+them with a traceback each; SIGTERM keeps uvicorn's bounded graceful drain.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+from types import FrameType
+from typing import Callable
+
+import uvicorn
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port), not yet listening; ValueError naming the flag otherwise."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Lets a restarted server take the port while the old one's connections sit in TIME_WAIT; a socket
+    # that is listening still makes bind fail.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ValueError(f"--port {port} is already in use on {host}; stop the process listening there or "
+                             "pass another --port") from None
+        raise ValueError(f"cannot listen on --host {host} --port {port} ({error.strerror or error}); pass an "
+                         "address of this machine, e.g. --host 127.0.0.1 or --host 0.0.0.0") from None
+    return sock
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn.Server that calls `end_streams` when shutting down after Ctrl-C."""
+
+    def __init__(self, config: uvicorn.Config, end_streams: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._end_streams = end_streams
+        self._interrupted = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._interrupted = self._interrupted or sig == signal.SIGINT
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._interrupted:
+            self._end_streams()
+        await super().shutdown(sockets)

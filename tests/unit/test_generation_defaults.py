@@ -1,0 +1,66 @@
+"""--generation-config: the checkpoint's sampling defaults, applied only where a request leaves a field unset."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rapid_llm.config.generation_defaults import generation_defaults
+from rapid_llm.frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, decode_request
+
+
+def write_generation_config(directory, **values) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": 1, **values}))
+
+
+def test_auto_reads_the_model_dir_and_skips_transformers_defaults(tmp_path) -> None:
+    write_generation_config(tmp_path, temperature=0.6, top_p=0.9, top_k=50, repetition_penalty=1.0,
+                            max_new_tokens=256, do_sample=True)
+    assert generation_defaults("auto", str(tmp_path)) == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 256}
+
+
+def test_vllm_ignores_the_file_and_auto_without_one_gives_none(tmp_path) -> None:
+    write_generation_config(tmp_path, temperature=0.6)
+    assert generation_defaults("vllm", str(tmp_path)) == {}
+    assert generation_defaults("auto", str(tmp_path / "elsewhere")) == {}
+
+
+def test_a_directory_setting_reads_that_directory(tmp_path) -> None:
+    write_generation_config(tmp_path / "gen", top_k=20, min_p=0.05)
+    assert generation_defaults(str(tmp_path / "gen"), str(tmp_path)) == {"top_k": 20, "min_p": 0.05}
+    with pytest.raises(ValueError, match="^--generation-config .* is not a directory holding generation_config.json"):
+        generation_defaults(str(tmp_path / "missing"), str(tmp_path))
+
+
+def test_the_engine_config_carries_the_defaults(tiny_checkpoint, tmp_path) -> None:
+    from rapid_llm.server_args import ServerArgs
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint(), directory)
+    write_generation_config(directory, temperature=0.3)
+    assert ServerArgs().engine_config(str(directory)).sampling_defaults == {"temperature": 0.3}
+    assert ServerArgs(generation_config="vllm").engine_config(str(directory)).sampling_defaults == {}
+
+
+@pytest.fixture
+def defaults():
+    GenerationRequest.use_sampling_defaults({"temperature": 0.6, "top_k": 20, "max_tokens": 64})
+    yield
+    GenerationRequest.use_sampling_defaults({})
+
+
+def test_requests_get_the_defaults_only_for_unset_fields(defaults) -> None:
+    unset = decode_request(b'{"prompt": "hi"}', CompletionRequest).sampling_params(16)
+    assert (unset.temperature, unset.top_k) == (0.6, 20)
+    explicit = decode_request(b'{"prompt": "hi", "temperature": 0, "top_k": null}', CompletionRequest)
+    assert (explicit.sampling_params(16).temperature, explicit.sampling_params(16).top_k) == (0.0, 20)
+
+
+def test_chat_without_max_tokens_uses_max_new_tokens(defaults) -> None:
+    chat = decode_request(b'{"messages": [{"role": "user", "content": "hi"}]}', ChatCompletionRequest)
+    assert chat.requested_max_tokens == 64
+    explicit = decode_request(b'{"messages": [], "max_completion_tokens": 5}', ChatCompletionRequest)
+    assert explicit.requested_max_tokens == 5

@@ -1,0 +1,123 @@
+"""Start-up validation and the command line: one-line errors naming the flag and the fix, --help, aliases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from rapid_llm.config.checkpoint_dir import check_model_dir, check_tokenizer_dir
+from rapid_llm.entrypoints.http_server import bind_listening_socket
+from rapid_llm.server_args import ServerArgs
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture
+def no_tokenizer_checkpoint(tiny_checkpoint, tmp_path):
+    """The tiny checkpoint with its tokenizer files deleted."""
+    directory = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_checkpoint(), directory)
+    for name in TOKENIZER_FILES:
+        (directory / name).unlink(missing_ok=True)
+    return directory
+
+
+def test_a_hub_id_is_refused_with_the_local_directory_fix() -> None:
+    with pytest.raises(ValueError, match="^--model 'meta-llama/Llama-3-8B' is not a local directory, and hub ids "
+                                         "are not downloaded; pass a local directory"):
+        check_model_dir("meta-llama/Llama-3-8B")
+
+
+def test_a_missing_model_path_says_it_does_not_exist(tmp_path) -> None:
+    with pytest.raises(ValueError, match="does not exist; pass a local Hugging Face checkpoint directory"):
+        check_model_dir(str(tmp_path / "nope"))
+
+
+def test_a_model_without_tokenizer_names_the_tokenizer_flag(no_tokenizer_checkpoint) -> None:
+    with pytest.raises(ValueError, match=r"^--model '.*' has no tokenizer files \(tokenizer.json.*\); pass "
+                                         "--tokenizer DIR"):
+        ServerArgs(model=str(no_tokenizer_checkpoint)).engine_config(str(no_tokenizer_checkpoint))
+
+
+def test_an_explicit_tokenizer_without_files_names_that_flag(tmp_path, tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match="^--tokenizer .* holds no tokenizer files"):
+        check_tokenizer_dir(str(tmp_path), explicit=True)
+    check_tokenizer_dir(str(tiny_checkpoint()), explicit=True)
+
+
+def test_an_unsupported_architecture_names_it_and_the_supported_list(tiny_checkpoint, tmp_path) -> None:
+    directory = tmp_path / "classifier"
+    shutil.copytree(tiny_checkpoint(), directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(ValueError, match="'LlamaForSequenceClassification' is not supported.*Supported "
+                                         "architectures: LlamaForCausalLM, "):
+        ServerArgs(model=str(directory)).engine_config(str(directory))
+
+
+def test_an_unknown_attention_backend_is_refused(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match="--attention-backend 'flash' is unknown; choose one of"):
+        ServerArgs(attention_backend="flash").engine_config(str(tiny_checkpoint()))
+
+
+@pytest.mark.parametrize("port", [0, 99999, -1])
+def test_a_port_out_of_range_is_refused(port: int) -> None:
+    with pytest.raises(ValueError, match=f"^--port {port} is out of range; pass a port in 1-65535$"):
+        ServerArgs(port=port).check_http()
+
+
+def test_a_port_in_use_is_found_by_binding() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"^--port {port} is already in use on 127.0.0.1; .* another --port$"):
+            bind_listening_socket("127.0.0.1", port)
+    bind_listening_socket("127.0.0.1", port).close()
+
+
+def test_sglang_spellings_are_aliases() -> None:
+    args = ServerArgs.from_cli(["--model-path", "/m", "--mem-fraction-static", "0.5"])
+    assert (args.model, args.gpu_memory_utilization) == ("/m", 0.5)
+
+
+def test_serve_takes_the_model_as_a_positional_argument(capsys) -> None:
+    assert ServerArgs.from_cli(["/m", "--port", "8000"], positional_model=True).model == "/m"
+    assert ServerArgs.from_cli(["--model", "/m"], positional_model=True).model == "/m"
+    with pytest.raises(SystemExit):
+        ServerArgs.from_cli(["/a", "--model", "/b"], positional_model=True)
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_help_states_each_default_once(capsys) -> None:
+    with pytest.raises(SystemExit):
+        ServerArgs.from_cli(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in help_text
+    assert "(default: the model's). (default" not in help_text
+    assert "HTTP port. (default: 30000)" in help_text
+    assert "--model-path" in help_text and "--generation-config" in help_text
+
+
+def test_version_and_a_bad_flag_value_are_one_line() -> None:
+    version = subprocess.run([sys.executable, "-m", "rapid_llm.cli", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("rapid_llm ")
+    bad = subprocess.run([sys.executable, "-m", "rapid_llm.launch_server", "--port", "abc"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == [
+        "python -m rapid_llm.launch_server: error: argument --port: invalid int value: 'abc' (see --help)"]
+
+
+def test_the_launcher_modules_do_not_import_torch_or_the_engine() -> None:
+    """The HTTP process imports engine_processes; the children import the model stack themselves."""
+    code = ("import sys, rapid_llm.entrypoints.engine_processes, rapid_llm.entrypoints.http_server, rapid_llm.cli; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('rapid_llm.worker_proc', "
+            "'rapid_llm.models', 'rapid_llm.scheduler_proc', 'rapid_llm.detokenizer_proc'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
