@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from rapid_llm.server_args import ServerArgs
 
 logger = logging.getLogger("rapid_llm.launch_server")
-GRACEFUL_SHUTDOWN_S = 5
 
 
 class ShutdownRequested(BaseException):
@@ -64,7 +63,7 @@ def run(args: ServerArgs) -> int:
 
 
 def _serve(args: ServerArgs, started: float) -> int:
-    from rapid_llm.entrypoints.http_server import HttpServer, bind_listening_socket
+    from rapid_llm.entrypoints.http_server import HttpServer, bind_listening_socket, uvicorn_config
     from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 
     # Cheapest checks first, so a typo is reported before torch is even imported.
@@ -77,7 +76,6 @@ def _serve(args: ServerArgs, started: float) -> int:
     except (ValueError, OSError) as error:
         logger.error("invalid configuration: %s", error)
         return 2
-    import uvicorn
     from transformers import AutoTokenizer
 
     import rapid_llm
@@ -110,11 +108,10 @@ def _serve(args: ServerArgs, started: float) -> int:
                                config.model.max_model_len, config.model.vocab_size, engine.is_alive,
                                config.scheduler.enable_prefix_caching, server_info)
     app = build_app(manager, frontend_options)
-    # A bounded graceful shutdown: after a child dies, open streams end with an error, not a hang.
-    server = HttpServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                       access_log=args.log_level == "debug", loop="none",
-                                       timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S),
-                        end_streams=lambda: manager.fail_all("the server is shutting down"))
+    # A bounded graceful shutdown: requests still open after the grace period end with an error, not a hang.
+    server = HttpServer(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_timeout),
+                        end_streams=lambda: manager.fail_all("the server is shutting down"),
+                        grace_s=args.shutdown_timeout)
     died: list[str] = []
     loops: list[asyncio.AbstractEventLoop] = []
 

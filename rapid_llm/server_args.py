@@ -66,6 +66,8 @@ class ServerArgs:
                                       "a file, or the jinja template itself."})
     trust_request_chat_template: bool = field(default=False, metadata={"help": "Honour chat templates sent with "
                                               "a request (refused by default: they run on the server)."})
+    shutdown_timeout: float = field(default=10.0, metadata={"help": "Seconds requests in flight may run on after "
+                                    "SIGTERM; then each still open ends with an error."})
     max_request_body_size: str = field(default="8MiB", metadata={"help": "Largest request body accepted; larger "
                                        "ones get a 413."})
     disable_async_scheduling: bool = field(default=False, metadata={"help": "Plan each step only after the "
@@ -115,6 +117,8 @@ class ServerArgs:
         """The HTTP-only settings the offline LLM does not use."""
         if not 1 <= self.port <= MAX_PORT:
             raise ValueError(f"--port {self.port} is out of range; pass a port in 1-{MAX_PORT}")
+        if not 0 <= self.shutdown_timeout <= 3600:
+            raise ValueError(f"--shutdown-timeout {self.shutdown_timeout} must be within 0-3600 seconds")
 
     def frontend_options(self):
         """The HTTP server's settings (chat template read from its file); errors name the flag."""

@@ -12,7 +12,7 @@ from typing import Any
 
 # HTTP-only settings, and the ones the benchmarks define themselves.
 EXCLUDED = frozenset({"model", "tokenizer", "served_model_name", "host", "port", "api_key", "chat_template",
-                      "trust_request_chat_template", "max_request_body_size"})
+                      "trust_request_chat_template", "max_request_body_size", "shutdown_timeout"})
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -2,13 +2,15 @@
 
 Binding first turns a busy or invalid --port/--host into a one-line error in a fraction of a second,
 before any weights load, and no other process can take the port while the model loads; the
-socket starts listening only once uvicorn serves it. Ctrl-C ends the streams in flight at once
-(each gets an error event) instead of letting uvicorn wait its graceful timeout and then cancel
-them with a traceback each; SIGTERM keeps uvicorn's bounded graceful drain.
+socket starts listening only once uvicorn serves it. On SIGTERM uvicorn stops accepting and the
+requests in flight may finish for `--shutdown-timeout` seconds; then every one still open ends with an
+OpenAI error (an error event and [DONE] when streamed) instead of being cancelled mid-response. Ctrl-C
+ends them at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import signal
 import socket
@@ -37,12 +39,22 @@ def bind_listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class HttpServer(uvicorn.Server):
-    """uvicorn.Server that calls `end_streams` when shutting down after Ctrl-C."""
+# Time the error answers need to go out after `end_streams`, before uvicorn cancels what is left.
+_ANSWER_MARGIN_S = 3.0
 
-    def __init__(self, config: uvicorn.Config, end_streams: Callable[[], None]) -> None:
+
+def uvicorn_config(app: object, host: str, port: int, log_level: str, grace_s: float) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+                          loop="none", timeout_graceful_shutdown=grace_s + _ANSWER_MARGIN_S)
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn.Server that calls `end_streams` `grace_s` after a SIGTERM, or at once after Ctrl-C."""
+
+    def __init__(self, config: uvicorn.Config, end_streams: Callable[[], None], grace_s: float) -> None:
         super().__init__(config)
         self._end_streams = end_streams
+        self._grace_s = grace_s
         self._interrupted = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -52,4 +64,6 @@ class HttpServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self._interrupted:
             self._end_streams()
+        else:
+            asyncio.get_running_loop().call_later(self._grace_s, self._end_streams)
         await super().shutdown(sockets)
