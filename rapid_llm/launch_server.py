@@ -72,7 +72,7 @@ def _serve(args: ServerArgs, started: float) -> int:
         listening_socket = bind_listening_socket(args.host, args.port)
         model_dir = model_dir_or_demo(args.model)
         config = args.engine_config(model_dir)
-        frontend_options = args.frontend_options()
+        frontend_options = args.frontend_options(config.sampling_defaults)
     except (ValueError, OSError) as error:
         logger.error("invalid configuration: %s", error)
         return 2
@@ -81,7 +81,6 @@ def _serve(args: ServerArgs, started: float) -> int:
     import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
-    from rapid_llm.frontend.protocol import GenerationRequest
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
 
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
@@ -92,7 +91,6 @@ def _serve(args: ServerArgs, started: float) -> int:
                 "API key %s", scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
                 _on_off(scheduler.enable_prefix_caching), _on_off(scheduler.async_scheduling),
                 _on_off(args.api_key is not None))
-    GenerationRequest.use_sampling_defaults(config.sampling_defaults)
 
     engine = EngineProcesses(config)
     try:

@@ -13,7 +13,7 @@ import dataclasses
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import rapid_llm
 
@@ -120,7 +120,7 @@ class ServerArgs:
         if not 0 <= self.shutdown_timeout <= 3600:
             raise ValueError(f"--shutdown-timeout {self.shutdown_timeout} must be within 0-3600 seconds")
 
-    def frontend_options(self):
+    def frontend_options(self, sampling_defaults: dict[str, Any]):
         """The HTTP server's settings (chat template read from its file); errors name the flag."""
         from rapid_llm.frontend.chat_template import load_chat_template
         from rapid_llm.frontend.options import FrontendOptions
@@ -130,6 +130,7 @@ class ServerArgs:
             max_request_body_bytes=parse_size(self.max_request_body_size, "--max-request-body-size"),
             chat_template=None if self.chat_template is None else load_chat_template(self.chat_template),
             trust_request_chat_template=self.trust_request_chat_template,
+            sampling_defaults=sampling_defaults,
         )
 
     def engine_config(self, model_dir: str):

@@ -6,7 +6,8 @@ chat templates), never what the engine computes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rapid_llm.frontend.request_limits import DEFAULT_MAX_BODY_BYTES
 
@@ -17,3 +18,5 @@ class FrontendOptions:
     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: str | None = None  # the template text that replaces the tokenizer's (--chat-template)
     trust_request_chat_template: bool = False  # honour templates sent with a request
+    # SamplingParams defaults for fields a request leaves unset (--generation-config)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)

@@ -49,10 +49,6 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
     null_means: ClassVar[dict[str, Any]] = {"n": 1, "stream": False, "ignore_eos": False,
                                             "skip_special_tokens": True}
-    # Server-wide defaults from --generation-config (SamplingParams names) for fields a request leaves
-    # unset; set once at start-up by `use_sampling_defaults`.
-    sampling_defaults: ClassVar[dict[str, Any]] = {}
-
     model: str | None = None
     n: int | None = 1
     temperature: float | None = None
@@ -98,18 +94,15 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of other than n is not supported by rapid_llm yet", param="best_of")
 
-    @classmethod
-    def use_sampling_defaults(cls, defaults: dict[str, Any]) -> None:
-        cls.sampling_defaults = dict(defaults)
-
     @property
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
     def _sampling_params(
-        self, max_tokens: int, logprobs: int | None, renames: dict[str, str]
+        self, max_tokens: int, logprobs: int | None, renames: dict[str, str], defaults: dict[str, Any]
     ) -> SamplingParams:
-        """Validated params; `renames` maps SamplingParams field names to this request's names."""
+        """Validated params; fields left unset take `defaults` (--generation-config, SamplingParams names);
+        `renames` maps SamplingParams field names to this request's names."""
         self._reject_unsupported()
         if self.n > MAX_N:
             raise bad_request(f"n must be at most {MAX_N}, got {self.n}", param="n")
@@ -128,7 +121,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             "min_tokens": self.min_tokens,
             "stop_token_ids": self.stop_token_ids,
         }
-        resolved = {name: self.sampling_defaults.get(name) if value is None else value
+        resolved = {name: defaults.get(name) if value is None else value
                     for name, value in optional.items()}
         params = SamplingParams(
             n=self.n,
@@ -154,8 +147,8 @@ class CompletionRequest(GenerationRequest, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        return self._sampling_params(max_tokens, self.logprobs, {})
+    def sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
+        return self._sampling_params(max_tokens, self.logprobs, {}, defaults)
 
 
 class ContentPart(msgspec.Struct):
@@ -202,15 +195,14 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     @property
     def requested_max_tokens(self) -> int | None:
         # OpenAI deprecated max_tokens for max_completion_tokens; the newer name wins when both are set.
-        requested = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_defaults.get("max_tokens") if requested is None else requested
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(
-            max_tokens, logprobs, {"logprobs": "top_logprobs", "max_tokens": self.max_tokens_param}
+            max_tokens, logprobs, {"logprobs": "top_logprobs", "max_tokens": self.max_tokens_param}, defaults
         )
 
 

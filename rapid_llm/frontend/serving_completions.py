@@ -100,6 +100,6 @@ async def create_completion(serving: Serving, request: Request) -> Response:
     prompts = []
     for prompt_ids in await _prompts_token_ids(serving, body.prompt):
         max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
-        prompts.append((prompt_ids, body.sampling_params(max_tokens)))
+        prompts.append((prompt_ids, body.sampling_params(max_tokens, serving.options.sampling_defaults)))
     fmt = CompletionFormat(serving.token_strings, prompts[0][1].logprobs is not None)
     return await serving.respond(request, fmt, body, prompts)

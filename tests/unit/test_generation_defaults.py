@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 
 from rapid_llm.config.generation_defaults import generation_defaults
-from rapid_llm.frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, decode_request
+from rapid_llm.frontend.app import build_app
+from rapid_llm.frontend.options import FrontendOptions
+from rapid_llm.frontend.protocol import CompletionRequest, decode_request
+from tests.unit.fake_engine import FakeEngine
+from tests.unit.test_frontend import _client, tokenizer  # noqa: F401  (a fixture)
 
 
 def write_generation_config(directory, **values) -> None:
@@ -45,22 +50,25 @@ def test_the_engine_config_carries_the_defaults(tiny_checkpoint, tmp_path) -> No
     assert ServerArgs(generation_config="vllm").engine_config(str(directory)).sampling_defaults == {}
 
 
-@pytest.fixture
-def defaults():
-    GenerationRequest.use_sampling_defaults({"temperature": 0.6, "top_k": 20, "max_tokens": 64})
-    yield
-    GenerationRequest.use_sampling_defaults({})
+DEFAULTS = {"temperature": 0.6, "top_k": 20, "max_tokens": 64}
 
 
-def test_requests_get_the_defaults_only_for_unset_fields(defaults) -> None:
-    unset = decode_request(b'{"prompt": "hi"}', CompletionRequest).sampling_params(16)
+def test_requests_get_the_defaults_only_for_unset_fields() -> None:
+    unset = decode_request(b'{"prompt": "hi"}', CompletionRequest).sampling_params(16, DEFAULTS)
     assert (unset.temperature, unset.top_k) == (0.6, 20)
     explicit = decode_request(b'{"prompt": "hi", "temperature": 0, "top_k": null}', CompletionRequest)
-    assert (explicit.sampling_params(16).temperature, explicit.sampling_params(16).top_k) == (0.0, 20)
+    assert (explicit.sampling_params(16, DEFAULTS).temperature, explicit.sampling_params(16, DEFAULTS).top_k) == (0.0, 20)
 
 
-def test_chat_without_max_tokens_uses_max_new_tokens(defaults) -> None:
-    chat = decode_request(b'{"messages": [{"role": "user", "content": "hi"}]}', ChatCompletionRequest)
-    assert chat.requested_max_tokens == 64
-    explicit = decode_request(b'{"messages": [], "max_completion_tokens": 5}', ChatCompletionRequest)
-    assert explicit.requested_max_tokens == 5
+async def test_chat_without_max_tokens_uses_max_new_tokens_capped_by_the_context(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=128)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    async with _client(build_app(engine, FrontendOptions(sampling_defaults=DEFAULTS))) as http:
+        assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
+        assert engine.requests[-1][2].max_tokens == 64
+        assert (await http.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 5})).status_code == 200
+        assert engine.requests[-1][2].max_tokens == 5
+    async with _client(build_app(engine, FrontendOptions(sampling_defaults={"max_tokens": 1000}))) as http:
+        assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
+        num_prompt_tokens = len(engine.requests[-1][1])
+        assert engine.requests[-1][2].max_tokens == 128 - num_prompt_tokens
