@@ -132,4 +132,6 @@ def _delta(
         stop_reason=stop_reason,
         num_prompt_tokens=update.num_prompt_tokens,
         num_cached_tokens=update.num_cached_tokens,
+        error=update.error,
+        error_kind=update.error_kind,
     )

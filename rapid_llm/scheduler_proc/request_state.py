@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from rapid_llm.ipc.messages import GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.ipc.messages import ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
 from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
 
 
@@ -49,6 +49,8 @@ class RequestState:
         self.epoch = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
+        self.error: str | None = None  # why the engine aborted it, for the client
+        self.error_kind: ErrorKind | None = None
         self._unsent_token_ids: list[int] = []
         self._unsent_logprobs: list[TokenLogprobs | None] = []
 
@@ -142,6 +144,8 @@ class RequestState:
             stop_reason=self.stop_reason,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens or 0,
+            error=self.error,
+            error_kind=self.error_kind,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []
