@@ -2,6 +2,9 @@
 
 No HTTP: this process tokenizes, sends requests straight to the scheduler and collects text from
 the detokenizer. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
+A choice the engine ends with an error (refused, or failed in the worker) does not raise: it ends
+with finish_reason "abort" and `CompletionOutput.error` saying why, and the other choices keep
+their results.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None  # why the engine aborted this choice (finish_reason "abort")
 
 
 @dataclass
@@ -149,6 +153,7 @@ class LLM:
                 choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
                 if delta.finish_reason is not None:
                     choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
+                    choice.error = delta.error
                     unfinished.discard(delta.request_id)
 
     def shutdown(self) -> None:

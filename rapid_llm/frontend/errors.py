@@ -12,6 +12,8 @@ from http import HTTPStatus
 import msgspec
 from starlette.responses import Response
 
+from rapid_llm.ipc.messages import ErrorKind
+
 # The `type` names vLLM's server uses; the OpenAI SDK keys its exception classes on the status.
 _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
@@ -33,6 +35,7 @@ class OpenAIError(Exception):
         type: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -40,13 +43,27 @@ class OpenAIError(Exception):
         self.type = type or _ERROR_TYPES.get(HTTPStatus(status), HTTPStatus(status).phrase.replace(" ", ""))
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def to_response(self) -> Response:
-        return Response(msgspec.json.encode(self.body()), status_code=self.status, media_type="application/json")
+        return Response(msgspec.json.encode(self.body()), status_code=self.status, media_type="application/json",
+                        headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     return OpenAIError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
+
+
+def engine_error(request_id: str, kind: ErrorKind | None, message: str) -> OpenAIError:
+    """The client's view of a request the engine ended with an error (TextDelta.error)."""
+    if kind == "invalid_request":
+        return bad_request(message)
+    if kind == "queue_full":
+        return OpenAIError(HTTPStatus.SERVICE_UNAVAILABLE, "the server is overloaded: too many requests are "
+                           "waiting; retry later", headers={"Retry-After": "1"})
+    # The engine's own text may show internals; the server log has it, under this id.
+    return OpenAIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error while generating request {request_id}; "
+                       "see the server log")
