@@ -104,7 +104,8 @@ def _serve(args: ServerArgs, started: float) -> int:
                    "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
                                config.model.max_model_len, config.model.vocab_size, engine.is_alive,
-                               config.scheduler.enable_prefix_caching, server_info)
+                               config.scheduler.enable_prefix_caching, server_info,
+                               watchdog_timeout=config.scheduler.watchdog_timeout)
     app = build_app(manager, frontend_options)
     # A bounded graceful shutdown: requests still open after the grace period end with an error, not a hang.
     server = HttpServer(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_timeout),

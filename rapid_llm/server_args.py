@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import rapid_llm
 
+from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
+
 DEFAULT_PORT = 30000
 MAX_PORT = 65535
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -75,6 +77,12 @@ class ServerArgs:
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse the KV cache of full blocks that "
                                         "match earlier requests' tokens (automatic prefix caching).",
                                         "off_flag": "--disable-prefix-caching"})
+    max_waiting_requests: int | None = field(default=None, metadata={"help": "Most requests waiting for a "
+                                             "slot; one more is refused at once with 503 and Retry-After "
+                                             "(default: unbounded, as vLLM and SGLang)."})
+    watchdog_timeout: float = field(default=DEFAULT_WATCHDOG_TIMEOUT_S, metadata={"help": "Seconds one engine "
+                                    "step may take before /health turns 503 and the log names the stuck "
+                                    "process."})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
@@ -168,6 +176,8 @@ class ServerArgs:
             vocab_size=model.vocab_size,
             async_scheduling=not self.disable_async_scheduling,
             enable_prefix_caching=self.enable_prefix_caching,
+            max_waiting_requests=self.max_waiting_requests,
+            watchdog_timeout=self.watchdog_timeout,
         )
         return EngineConfig(
             model=model,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+# As SGLang's --watchdog-timeout: long enough for one big prefill step on a CPU.
+DEFAULT_WATCHDOG_TIMEOUT_S = 300.0
+
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Batching limits and KV-cache shape as the scheduler sees them.
@@ -11,6 +14,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     `max_num_batched_tokens` is the one token budget per step; prompts longer than what is left of
     it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache.
     `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
+    `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
+    a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
+    stay unanswered before the engine is reported stuck.
     """
 
     max_model_len: int
@@ -22,6 +28,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True
     enable_prefix_caching: bool = True
+    max_waiting_requests: int | None = None
+    watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S
 
     def __post_init__(self) -> None:
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.
@@ -29,3 +37,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            raise ValueError(f"--max-waiting-requests must be at least 1 (or unset), got {self.max_waiting_requests}")
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"--watchdog-timeout must be positive seconds, got {self.watchdog_timeout}")

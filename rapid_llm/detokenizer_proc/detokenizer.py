@@ -134,4 +134,6 @@ def _delta(
         num_cached_tokens=update.num_cached_tokens,
         queue_time=update.queue_time,
         prefill_time=update.prefill_time,
+        error=update.error,
+        error_kind=update.error_kind,
     )

@@ -4,6 +4,9 @@ No HTTP: this process tokenizes, sends requests straight to the scheduler and co
 the detokenizer. As in vLLM, `generate` without sampling params uses `get_default_sampling_params()`
 (the checkpoint's generation_config.json sampling defaults, per --generation-config); explicit
 SamplingParams are used as given. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
+A choice the engine ends with an error (refused, or failed in the worker) does not raise: it ends
+with finish_reason "abort" and `CompletionOutput.error` saying why, and the other choices keep
+their results.
 """
 
 from __future__ import annotations

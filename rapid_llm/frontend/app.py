@@ -24,12 +24,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rapid_llm
 from rapid_llm.frontend.engine_client import EngineClient
-from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.frontend.errors import OpenAIError, bad_request, internal_error
 from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from rapid_llm.frontend.serving_chat import create_chat_completion
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
-from rapid_llm.frontend.serving_common import Serving, internal_error, json_response
+from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
 
 logger = logging.getLogger(__name__)

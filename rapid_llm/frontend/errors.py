@@ -12,6 +12,8 @@ from http import HTTPStatus
 import msgspec
 from starlette.responses import Response
 
+from rapid_llm.ipc.messages import ErrorKind
+
 # The `type` names vLLM's server uses; the OpenAI SDK keys its exception classes on the status.
 _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
@@ -35,6 +37,7 @@ class OpenAIError(Exception):
         type: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -42,14 +45,33 @@ class OpenAIError(Exception):
         self.type = type or _ERROR_TYPES.get(HTTPStatus(status), HTTPStatus(status).phrase.replace(" ", ""))
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def to_response(self, headers: dict[str, str] | None = None) -> Response:
-        return Response(msgspec.json.encode(self.body()), status_code=self.status, headers=headers,
-                        media_type="application/json")
+        """The error as an HTTP response; `headers` add to the error's own (e.g. Retry-After)."""
+        return Response(msgspec.json.encode(self.body()), status_code=self.status,
+                        headers={**(self.headers or {}), **(headers or {})}, media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     return OpenAIError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
+
+
+def engine_error(request_id: str, kind: ErrorKind | None, message: str) -> OpenAIError:
+    """The client's view of a request the engine ended with an error (TextDelta.error)."""
+    if kind == "invalid_request":
+        return bad_request(message)
+    if kind == "queue_full":
+        return OpenAIError(HTTPStatus.SERVICE_UNAVAILABLE, "the server is overloaded: too many requests are "
+                           "waiting; retry later", headers={"Retry-After": "1"})
+    # The engine's own text may show internals; the server log has it, under this id.
+    return internal_error(request_id)
+
+
+def internal_error(request_id: str) -> OpenAIError:
+    """A 500 whose body names only the request id: the exception text stays in the server log."""
+    return OpenAIError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                       f"internal server error (request id {request_id}); see the server log")

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from rapid_llm.frontend.chat_template import ChatTemplate
 from rapid_llm.frontend.engine_client import EngineClient
-from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.frontend.errors import OpenAIError, bad_request, internal_error
 from rapid_llm.frontend.metrics import FrontendMetrics
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
@@ -73,11 +73,6 @@ class TokenStrings:
 
 def clamp_logprob(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
-
-
-def internal_error(request_id: str) -> OpenAIError:
-    """A 500 whose body names only the request id: the exception text stays in the server log."""
-    return OpenAIError(500, f"internal server error (request id {request_id}); see the server log")
 
 
 def json_response(payload: object) -> Response:

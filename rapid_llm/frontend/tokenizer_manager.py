@@ -4,6 +4,9 @@ Requests go to the scheduler; text comes back from the detokenizer and is routed
 queue per request by a single reader task. The scheduler's own channel carries stats, kept as the
 latest snapshot for /metrics, and replies to cache flushes, matched to their waiting callers by id.
 Closing a request's iterator early (client gone) sends an abort, so its KV blocks are freed at once.
+A request the engine ends with an error raises it as an OpenAIError. Health doubles as a watchdog:
+stats change every engine step, so stats unchanged for `watchdog_timeout` while requests are
+running or waiting mean the engine is stuck.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any, AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
-from rapid_llm.frontend.errors import OpenAIError
+from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
+from rapid_llm.frontend.errors import OpenAIError, engine_error
 from rapid_llm.ipc.messages import (
     AbortRequest,
     FlushCache,
@@ -33,7 +37,7 @@ from rapid_llm.sampling import SamplingParams
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Any, model_name: str, model_path: str, max_model_len: int,
                  vocab_size: int, engine_alive: Callable[[], bool], enable_prefix_caching: bool,
-                 server_info: dict[str, Any]) -> None:
+                 server_info: dict[str, Any], watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S) -> None:
         self.paths = paths
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -45,6 +49,8 @@ class TokenizerManager:
         self._engine_alive = engine_alive
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
         self._stats: SchedulerStats | None = None
+        self._stats_time = time.monotonic()  # when the latest stats arrived (the scheduler sends changes only)
+        self.watchdog_timeout = watchdog_timeout
         self._flushes: dict[int, asyncio.Future[bool]] = {}
         self._flush_ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -81,7 +87,7 @@ class TokenizerManager:
         while True:
             message = await receiver.recv()
             if isinstance(message, SchedulerStats):
-                self._stats = message
+                self._stats, self._stats_time = message, time.monotonic()
                 continue
             future = self._flushes.get(message.request_id)
             if future is not None and not future.done():
@@ -113,6 +119,8 @@ class TokenizerManager:
                 if isinstance(delta, OpenAIError):
                     raise delta
                 finished = delta.finish_reason is not None
+                if delta.error is not None:
+                    raise engine_error(request_id, delta.error_kind, delta.error)
                 yield delta
         finally:
             del self._queues[request_id]
@@ -133,4 +141,9 @@ class TokenizerManager:
         return self._stats
 
     def is_healthy(self) -> bool:
-        return self._engine_alive()
+        if not self._engine_alive():
+            return False
+        stats = self._stats
+        if stats is None or not (stats.num_running or stats.num_waiting):
+            return True
+        return time.monotonic() - self._stats_time <= self.watchdog_timeout

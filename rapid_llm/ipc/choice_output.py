@@ -20,6 +20,7 @@ class ChoiceOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None  # why the engine aborted the request (finish_reason "abort"), if it did
 
     @property
     def text(self) -> str:
@@ -35,5 +36,6 @@ class ChoiceOutput:
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason
+            self.error = delta.error
         # Engines may report the count on any delta; the largest is the final one.
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)

@@ -10,9 +10,15 @@ released slots), never whole request states. Each channel decodes one tagged uni
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from rapid_llm.sampling import SamplingParams
+
+# Why the engine ended a request with finish_reason "abort" and an error: refused at admission for
+# its parameters, refused because the waiting queue is full, or failed inside the worker.
+ErrorKind = Literal["invalid_request", "queue_full", "internal"]
 
 
 class _Part(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -103,13 +109,26 @@ class TokenLogprobs(_Part):
     top_logprobs: list[float] = []
 
 
+class SlotFailure(_Part):
+    """The worker could not serve the request in `slot` (e.g. its state could not be prepared)."""
+
+    slot: int
+    request_id: str
+    error: str
+
+
 class StepResult(_Message):
-    """Tokens sampled in `step_id`, for the scheduled chunks that reached their request's end."""
+    """Tokens sampled in `step_id`, for the scheduled chunks that reached their request's end.
+
+    `failures` lists the scheduled slots the worker skipped because their request failed; the rest
+    of the step ran without them.
+    """
 
     step_id: int
     slots: list[int]
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None] = []
+    failures: list[SlotFailure] = []
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -137,6 +156,8 @@ class TokenUpdate(_Part):
     # admission, and from that admission to its first sampled token (scheduler clock).
     queue_time: float | None = None
     prefill_time: float | None = None
+    error: str | None = None  # set (with finish_reason "abort") when the engine ended the request
+    error_kind: ErrorKind | None = None
 
 
 class TokenBatch(_Message):
@@ -157,6 +178,8 @@ class TextDelta(_Part):
     num_cached_tokens: int = 0
     queue_time: float | None = None  # as on the TokenUpdate this delta starts with
     prefill_time: float | None = None
+    error: str | None = None  # as TokenUpdate.error
+    error_kind: ErrorKind | None = None
 
 
 class TextBatch(_Message):
@@ -171,6 +194,7 @@ class SchedulerStats(_Message):
     num_preemptions: int = 0  # since start
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admissions, since start
     prefix_cache_hits: int = 0  # of those, tokens found cached
+    num_steps: int = 0  # steps whose result has arrived, since start: the engine's heartbeat
 
 
 class FlushCacheResult(_Message):

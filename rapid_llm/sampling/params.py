@@ -2,7 +2,8 @@
 
 A `msgspec.Struct` so it crosses process boundaries without pickle; `validate()` is the single
 place where ranges are checked, and its errors name the offending field so the frontend can
-turn them into an OpenAI-style 400.
+turn them into an OpenAI-style 400. Integer fields are bounded to int64 (what the worker's tensors
+and the msgpack messages hold), so no request can overflow anything downstream.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import msgspec
 
 MAX_LOGPROBS = 20
+MAX_N = 128  # OpenAI's limit on choices per request
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class SamplingParamsError(ValueError):
@@ -26,7 +29,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     temperature 0 means greedy. top_k <= 0 disables top-k, top_p 1.0 disables top-p, min_p 0.0
     disables min-p. `logprobs=None` returns no logprobs; `logprobs=n` returns the sampled token's
     logprob plus the n most likely. A `seed` makes the request's samples independent of whatever
-    else shares the batch.
+    else shares the batch; choice i of an n > 1 request uses `seed + i` (as vLLM), so the seed must
+    leave room for n - 1 more in int64: a seed past that is refused rather than wrapped.
     """
 
     n: int = 1
@@ -61,19 +65,24 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     def validate(self) -> "SamplingParams":
         """Raise `SamplingParamsError` naming the first out-of-range field; return self."""
         checks: list[tuple[str, bool, str]] = [
-            ("n", self.n >= 1, "must be at least 1"),
-            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
-            ("min_tokens", self.min_tokens >= 0, "must be non-negative"),
+            ("n", 1 <= self.n <= MAX_N, f"must be in [1, {MAX_N}]"),
+            ("max_tokens", self.max_tokens is None or 1 <= self.max_tokens <= INT64_MAX,
+             f"must be in [1, {INT64_MAX}]"),
+            ("min_tokens", 0 <= self.min_tokens <= INT64_MAX, f"must be in [0, {INT64_MAX}]"),
             ("temperature", self.temperature >= 0.0, "must be non-negative"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
-            ("top_k", self.top_k >= -1, "must be -1 or 0 (disabled) or a positive integer"),
+            ("top_k", -1 <= self.top_k <= INT64_MAX,
+             f"must be -1 or 0 (disabled) or a positive integer up to {INT64_MAX}"),
             ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
+            ("seed", self.seed is None or INT64_MIN <= self.seed <= INT64_MAX - (self.n - 1),
+             f"must be in [{INT64_MIN}, {INT64_MAX} - (n - 1)] (choice i of n uses seed + i)"),
             ("repetition_penalty", self.repetition_penalty > 0.0, "must be positive"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
-            ("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative ids"),
+            ("stop_token_ids", all(0 <= t <= INT64_MAX for t in self.stop_token_ids),
+             f"must be token ids in [0, {INT64_MAX}]"),
         ]
         for field, ok, rule in checks:
             if not ok:

@@ -122,6 +122,11 @@ class BlockManager:
         """How many of the blocks are free: sharing them leaves that many fewer to allocate."""
         return sum(1 for block_id in block_ids if self.ref_count(block_id) == 0)
 
+    def uncache(self, block_ids: Iterable[int]) -> None:
+        """Forget the cached content of these blocks (their KV is not what their hash says)."""
+        for block_id in block_ids:
+            self._evict(block_id)
+
     def reset_cache(self) -> None:
         """Forget every cached block; only while no block is in use."""
         if self.num_used_blocks:

@@ -3,7 +3,9 @@
 Loop: take new requests, aborts and cache flushes, send plans until `depth` are in flight (2 with async
 scheduling: plan n+1 goes out while the worker computes n; 1 in lock-step), then block on the
 sockets until the next result or request arrives. Blocking in `poll` is what keeps an idle
-scheduler at 0% CPU; it never sleeps on a timer and never spins.
+scheduler at 0% CPU: the poll has a timeout only while steps are in flight (the watchdog, which
+logs a worker that stopped answering), and it never spins. A request the scheduler refuses ends
+at once with finish_reason "abort" and the reason, for the client.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from rapid_llm.ipc.messages import (
     WorkerToScheduler,
 )
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
+from rapid_llm.scheduler_proc.admission import RequestRejected
 from rapid_llm.scheduler_proc.scheduler import Scheduler
+from rapid_llm.scheduler_proc.watchdog import StepWatchdog
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 
 logger = logging.getLogger(__name__)
@@ -65,33 +69,42 @@ class SchedulerLoop:
         self.poller.register(self.results.socket, zmq.POLLIN)
         self._last_stats: SchedulerStats | None = None
         self._throughput = _ThroughputLog()
+        self._watchdog = StepWatchdog(config.watchdog_timeout)
 
     def run(self) -> None:
         while True:
             self._drain_requests()
             while self.scheduler.num_inflight_steps < self.depth:
+                was_idle = self.scheduler.num_inflight_steps == 0
                 plan = self.scheduler.schedule()
                 if plan is None:
                     break
+                if was_idle:
+                    self._watchdog.progressed()
                 self._throughput.count_scheduled(sum(chunk.num_new_tokens for chunk in plan.scheduled))
                 payload = self.workers[0].encode(plan)
                 for worker in self.workers:
                     worker.send_bytes(payload)
             self._publish()
-            events = dict(self.poller.poll())
+            events = dict(self.poller.poll(self._watchdog.poll_timeout_ms(self.scheduler.num_inflight_steps)))
             if self.results.socket in events:
                 self._handle_result(self.results.recv())
+            elif (oldest := self.scheduler.oldest_inflight_step_id) is not None:
+                self._watchdog.check(oldest)
 
     def _drain_requests(self) -> None:
         while (message := self.requests.recv_nowait()) is not None:
             if isinstance(message, GenerateRequest):
                 try:
                     self.scheduler.add_request(message)
-                except ValueError as error:
+                except RequestRejected as error:
                     # The frontend validates first; this guards other clients. Finish it, keep serving.
                     logger.warning("rejected request %s: %s", message.request_id, error)
-                    self.detokenizer.send(TokenBatch(updates=[TokenUpdate(message.request_id, [],
-                                                                          finish_reason="abort")]))
+                    self.detokenizer.send(TokenBatch(updates=[TokenUpdate(
+                        message.request_id, [], finish_reason="abort", error=str(error), error_kind=error.kind)]))
+                except ValueError as error:
+                    # Its id is in use: an update under that id would end the live request instead.
+                    logger.warning("ignored request %s: %s", message.request_id, error)
             elif isinstance(message, AbortRequest):
                 self.scheduler.abort_request(message.request_id)
             elif isinstance(message, FlushCache):
@@ -103,6 +116,7 @@ class SchedulerLoop:
             raise WorkerFailedError(f"worker failed: {message.error}")
         if isinstance(message, StepResult):
             self.scheduler.process_result(message)
+            self._watchdog.progressed()
             self._throughput.count_generated(len(message.token_ids))
 
     def _publish(self) -> None:

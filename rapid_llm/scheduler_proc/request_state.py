@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import time
 
-from rapid_llm.ipc.messages import GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.ipc.messages import ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
 from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
 
 
@@ -51,6 +51,8 @@ class RequestState:
         self.epoch = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
+        self.error: str | None = None  # why the engine aborted it, for the client
+        self.error_kind: ErrorKind | None = None
         self._unsent_token_ids: list[int] = []
         self._unsent_logprobs: list[TokenLogprobs | None] = []
         self.arrived_at = time.monotonic()
@@ -162,6 +164,8 @@ class RequestState:
             num_cached_tokens=self.num_cached_tokens or 0,
             queue_time=queue_time,
             prefill_time=prefill_time,
+            error=self.error,
+            error_kind=self.error_kind,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []

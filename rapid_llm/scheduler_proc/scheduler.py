@@ -25,9 +25,9 @@ from rapid_llm.ipc.messages import (
     StepResult,
     TokenBatch,
 )
+from rapid_llm.scheduler_proc.admission import check_admissible
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
-from rapid_llm.sampling import ContextLengthError, check_prompt_length
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +71,17 @@ class Scheduler:
         self._inflight: deque[_StepRecord] = deque()
         self._next_step_id = 0
         self._num_preemptions = 0
+        self._num_steps_done = 0
         self._detokenize_requests: list[DetokenizeRequest] = []
         self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
 
     # ---- requests in -------------------------------------------------------------------------
 
     def add_request(self, request: GenerateRequest) -> None:
+        """Queue a new request; `RequestRejected` if it is refused, ValueError if its id is in use."""
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        try:
-            check_prompt_length(len(request.prompt_token_ids), self.config.max_model_len)
-        except ContextLengthError as error:
-            raise ValueError(f"request {request.request_id}: {error}") from error
-        if request.params.max_tokens is not None and request.params.max_tokens < 1:
-            raise ValueError(f"request {request.request_id}: max_tokens must be at least 1")
-        vocab_size, ids = self.config.vocab_size, request.prompt_token_ids
-        if vocab_size is not None and not 0 <= min(ids) <= max(ids) < vocab_size:
-            raise ValueError(f"request {request.request_id}: prompt token ids must be in [0, {vocab_size})")
+        check_admissible(request, self.config, len(self._waiting))
         state = RequestState(request, self.config.max_model_len, self.config.block_size)
         self._requests[request.request_id] = state
         self._waiting.append(state)
@@ -261,6 +255,10 @@ class Scheduler:
         self._num_preemptions += 1
         logger.warning("KV cache full: preempted request %s (it will be recomputed; %d preemptions so far)",
                        request.request_id, self._num_preemptions)
+        self._requeue(request)
+
+    def _requeue(self, request: RequestState) -> None:
+        """Back to the front of the queue, to be recomputed from scratch."""
         self._running.remove(request)
         self._release_resources(request)
         request.reset_for_recompute()
@@ -270,6 +268,15 @@ class Scheduler:
 
     def process_result(self, result: StepResult) -> None:
         record = self._pop_record(result)
+        self._num_steps_done += 1
+        # Failures first: recomputing the requests that read a failed request's blocks makes this
+        # step's tokens of theirs stale (their epoch changes), so they are dropped below.
+        for failure in result.failures:
+            request = self._requests.get(failure.request_id)
+            # A failure reported again for a slot already released, or a request preempted since
+            # (it fails again, and is reported again, if it comes back) ends nothing.
+            if request is not None and request.slot == failure.slot:
+                self._fail(request, failure.error)
         for index, (slot, token_id) in enumerate(zip(result.slots, result.token_ids)):
             request, epoch = record.samplers[slot]
             # Finished, aborted or preempted since this step was planned: the token is stale.
@@ -291,10 +298,10 @@ class Scheduler:
         num_slots = len(result.slots)
         if len(result.token_ids) != num_slots or (result.logprobs and len(result.logprobs) != num_slots):
             raise ValueError(f"step {result.step_id}: slots, token_ids and logprobs differ in length")
-        if sorted(result.slots) != sorted(record.samplers):
-            raise ValueError(
-                f"step {result.step_id}: sampled slots {sorted(result.slots)}, planned {sorted(record.samplers)}"
-            )
+        failed = {failure.slot for failure in result.failures}
+        planned = sorted(slot for slot in record.samplers if slot not in failed)
+        if sorted(result.slots) != planned:
+            raise ValueError(f"step {result.step_id}: sampled slots {sorted(result.slots)}, planned {planned}")
         return self._inflight.popleft()
 
     def take_outputs(self) -> TokenBatch | None:
@@ -307,6 +314,24 @@ class Scheduler:
         self._detokenize_requests = []
         self._updated = {}
         return batch
+
+    def _fail(self, request: RequestState, error: str) -> None:
+        """End a request the worker could not serve: the KV of its blocks may never have been written.
+
+        Requests planned before the failure was known may already read those blocks (prefix-cache
+        hits), and the KV they wrote from them is wrong too; all of them are recomputed, and every
+        block involved leaves the prefix cache. This may recompute more than needed; failures are rare.
+        """
+        suspect = set(request.block_ids)
+        request.error, request.error_kind = error, "internal"
+        self._finish(request, "abort", None)
+        readers = [other for other in self._running if suspect.intersection(other.block_ids)]
+        while readers:
+            for reader in readers:
+                suspect.update(reader.block_ids)
+                self._requeue(reader)
+            readers = [other for other in self._running if suspect.intersection(other.block_ids)]
+        self._blocks.uncache(suspect)
 
     def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
         if request.status is RequestStatus.WAITING:
@@ -343,11 +368,16 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             prefix_cache_queries=self._prefix_cache_queries,
             prefix_cache_hits=self._prefix_cache_hits,
+            num_steps=self._num_steps_done,
         )
 
     @property
     def num_inflight_steps(self) -> int:
         return len(self._inflight)
+
+    @property
+    def oldest_inflight_step_id(self) -> int | None:
+        return self._inflight[0].step_id if self._inflight else None
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._waiting or self._running)

@@ -101,6 +101,13 @@ class ModelRunner:
             raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.model_config.max_model_len}")
         self.token_pool[slot, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.int32, device=self.device)
 
+    def check_sampling(self, params: SamplingParams, prompt_token_ids: Sequence[int],
+                       output_token_ids: Sequence[int]) -> None:
+        """Build this request's sampling row alone, on the CPU: a parameter the batched build cannot
+        take then fails this one request when it is added, not a whole step later."""
+        request = SamplingRequest(params, prompt_token_ids, output_token_ids, self.model_config.eos_token_ids)
+        SamplingBatch.build([request], vocab_size=self.model_config.vocab_size, device=torch.device("cpu"))
+
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
         if block_ids:

@@ -1,8 +1,10 @@
 """Worker process entry point: load the model, size the KV cache, then execute plans as they come.
 
 Each rank receives every plan on its own socket (the scheduler fans out); only rank 0 answers,
-so N ranks cost the scheduler one result per step. A failure inside a step is reported to the
-scheduler as WorkerFailed before the process exits, so the server stops instead of hanging.
+so N ranks cost the scheduler one result per step. A request that fails while being added is
+aborted alone (the Worker reports it in the step's result); any other failure inside a step is
+reported to the scheduler as WorkerFailed before the process exits, so the server stops instead
+of hanging.
 """
 
 from __future__ import annotations

@@ -3,16 +3,21 @@
 The scheduler sends only what changed (released slots, new or resumed requests, tokens to
 compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed). The worker
 keeps each slot's tokens, block table and sampling parameters, so a step message stays small
-however long the requests are.
+however long the requests are. A request whose state cannot be prepared when it is added fails
+alone: its slot is skipped (and reported in `StepResult.failures`) until the scheduler releases
+it, and the rest of every step runs without it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-from rapid_llm.ipc.messages import StepPlan, StepResult
+from rapid_llm.ipc.messages import NewRequest, SlotFailure, StepPlan, StepResult
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
+from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, StepOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,18 +33,27 @@ class Worker:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.slots: dict[int, SlotState] = {}
+        self.failed_slots: dict[int, SlotFailure] = {}  # until the scheduler releases the slot
 
     def execute_plan(self, plan: StepPlan) -> StepResult:
         for slot in plan.released_slots:
             self.slots.pop(slot, None)
+            self.failed_slots.pop(slot, None)
         for new in plan.new_requests:
-            prompt = new.token_ids[: new.num_prompt_tokens]
-            self.slots[new.slot] = SlotState(new.request_id, prompt, new.token_ids[new.num_prompt_tokens :], new.params)
-            self.runner.add_request(new.slot, new.token_ids)
+            try:
+                self.add_request(new)
+            except Exception as error:
+                # Anything raised while preparing one request's state is that request's own; a device
+                # fault would raise again in the step's forward below, which still ends the worker.
+                logger.exception("request %s failed while being added; it is aborted", new.request_id)
+                self.failed_slots[new.slot] = SlotFailure(new.slot, new.request_id, f"{type(error).__name__}: {error}")
+        # A plan made before the scheduler learnt of a failure may still schedule the failed slot.
+        failures = [self.failed_slots[chunk.slot] for chunk in plan.scheduled if chunk.slot in self.failed_slots]
+        chunks = [chunk for chunk in plan.scheduled if chunk.slot not in self.failed_slots]
         # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
-        self.runner.clear_blocks([block for chunk in plan.scheduled for block in chunk.new_block_ids])
+        self.runner.clear_blocks([block for chunk in chunks for block in chunk.new_block_ids])
         requests: list[ScheduledRequest] = []
-        for chunk in plan.scheduled:
+        for chunk in chunks:
             state = self.slots.get(chunk.slot)
             if state is None:
                 raise ValueError(f"step {plan.step_id} schedules slot {chunk.slot}, which holds no request")
@@ -55,7 +69,7 @@ class Worker:
                 block_table=state.block_table,
                 sampling_params=state.params,
             ))
-        output = self.runner.execute(requests)
+        output = self.runner.execute(requests) if requests else StepOutput([], [], [])
         slots = [requests[row].slot for row in output.rows]
         for slot, token in zip(slots, output.token_ids):
             self.slots[slot].output_token_ids.append(token)
@@ -64,4 +78,12 @@ class Worker:
             slots=slots,
             token_ids=output.token_ids,
             logprobs=output.logprobs if any(output.logprobs) else [],
+            failures=failures,
         )
+
+    def add_request(self, new: NewRequest) -> None:
+        """Prepare the slot's state; raises if the request cannot be served, leaving the slot empty."""
+        prompt, outputs = new.token_ids[: new.num_prompt_tokens], new.token_ids[new.num_prompt_tokens :]
+        self.runner.check_sampling(new.params, prompt, outputs)
+        self.runner.add_request(new.slot, new.token_ids)
+        self.slots[new.slot] = SlotState(new.request_id, prompt, outputs, new.params)

@@ -4,7 +4,8 @@ Each request "generates" one of a few fixed sentences (picked by seed, so n>1 ch
 differ) followed by EOS, a few tokens per delta, honouring max_tokens (finish "length"), ignore_eos
 and logprobs; the first delta carries `queue_time` and `prefill_time` when they are set. Stop
 strings are the detokenizer's job and are not applied here. A cache flush succeeds only while no
-request is generating, as in the scheduler.
+request is generating, as in the scheduler. `engine_error` ends every request as the real client
+does for a delta carrying an engine error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-from rapid_llm.ipc.messages import SchedulerStats, TextDelta, TokenLogprobs
+from rapid_llm.frontend.errors import engine_error
+from rapid_llm.ipc.messages import ErrorKind, SchedulerStats, TextDelta, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import EOS_TOKEN_ID
 
@@ -53,6 +55,7 @@ class FakeEngine:
         self.prefill_time: float | None = None
         self.hold_after: int | None = None  # block forever after this many deltas (client-disconnect tests)
         self.fail_after: int | None = None  # raise after this many deltas (engine-failure tests)
+        self.engine_error: tuple[ErrorKind, str] | None = None  # (kind, text) the engine ends requests with
 
     def reply_token_ids(self, params: SamplingParams) -> list[int]:
         reply = self.tokenizer.encode(REPLIES[(params.seed or 0) % len(REPLIES)]) + [EOS_TOKEN_ID]
@@ -80,6 +83,9 @@ class FakeEngine:
         self.requests.append((request_id, prompt_token_ids, params))
         self.running.add(request_id)
         token_ids = self.reply_token_ids(params)
+        if self.engine_error is not None:
+            self.running.discard(request_id)
+            raise engine_error(request_id, *self.engine_error)
         finished = False
         try:
             for count, start in enumerate(range(0, len(token_ids), self.tokens_per_delta)):

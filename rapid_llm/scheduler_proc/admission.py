@@ -1,0 +1,44 @@
+"""What the scheduler admits: the checks a new request passes before it may wait for a slot.
+
+The frontend checks the same first; these guard any other client (or a frontend bug), so that
+nothing reaches the worker that it cannot represent. A refusal is `RequestRejected`, whose `kind`
+tells the client why: bad parameters (a 400) or a full waiting queue (a 503, retry later).
+"""
+
+from __future__ import annotations
+
+from rapid_llm.config.scheduler_config import SchedulerConfig
+from rapid_llm.ipc.messages import ErrorKind, GenerateRequest
+from rapid_llm.sampling.context_length import ContextLengthError, check_prompt_length
+from rapid_llm.sampling.params import SamplingParamsError
+
+
+class RequestRejected(ValueError):
+    """The scheduler refuses this request; it ends with finish_reason "abort" and this message."""
+
+    def __init__(self, message: str, kind: ErrorKind = "invalid_request") -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+
+def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_waiting: int) -> None:
+    """Raise `RequestRejected` unless `request` can join a waiting queue that holds `num_waiting`."""
+    request_id = request.request_id
+    try:
+        request.params.validate()
+    except SamplingParamsError as error:
+        raise RequestRejected(f"request {request_id}: {error}") from error
+    try:
+        check_prompt_length(len(request.prompt_token_ids), config.max_model_len)
+    except ContextLengthError as error:
+        raise RequestRejected(f"request {request_id}: {error}") from error
+    vocab_size = config.vocab_size
+    if vocab_size is not None:
+        for name, ids in (("prompt token ids", request.prompt_token_ids),
+                          ("stop_token_ids", request.params.stop_token_ids)):
+            if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+                raise RequestRejected(f"request {request_id}: {name} must be in [0, {vocab_size})")
+    limit = config.max_waiting_requests
+    if limit is not None and num_waiting >= limit:
+        raise RequestRejected(f"request {request_id}: the waiting queue is full ({limit} requests); "
+                              "retry later", kind="queue_full")
