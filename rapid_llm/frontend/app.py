@@ -110,7 +110,8 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
     async def health(request: Request) -> Response:
         if engine.is_healthy():
             return Response(status_code=200)
-        return OpenAIError(503, "an engine process has died").to_response()
+        return OpenAIError(503, "the engine is not serving: a process died or it has made no progress "
+                               "for --watchdog-timeout seconds; see the server log").to_response()
 
     async def version(request: Request) -> Response:
         return json_response({"version": rapid_llm.__version__})

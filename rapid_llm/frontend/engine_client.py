@@ -34,4 +34,5 @@ class EngineClient(Protocol):
         """The scheduler's latest counts (None before the first report)."""
 
     def is_healthy(self) -> bool:
-        """False once any engine process has died."""
+        """False once any engine process has died, or while requests run and the engine reports no
+        progress for longer than the watchdog timeout."""

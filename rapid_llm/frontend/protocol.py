@@ -17,9 +17,6 @@ from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.sampling.params import SamplingParamsError
 
-# Each choice is its own engine request; this bounds how many one HTTP request can start.
-MAX_N = 128
-
 _ERROR_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
@@ -104,8 +101,6 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         """Validated params; fields left unset take `defaults` (--generation-config, SamplingParams names);
         `renames` maps SamplingParams field names to this request's names."""
         self._reject_unsupported()
-        if self.n > MAX_N:
-            raise bad_request(f"n must be at most {MAX_N}, got {self.n}", param="n")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if any(not s for s in stop):
             raise bad_request("stop strings must not be empty", param="stop")
