@@ -132,3 +132,19 @@ def test_a_looping_request_template_is_cut_off_while_health_answers(hostile_serv
     assert "did not finish rendering" in response.json()["error"]["message"]
     assert slowest < HEALTH_BUDGET_S
     assert _control(hostile_server) == control
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"stop_token_ids": [18446744073709551615], "min_tokens": 2}, "stop_token_ids"),
+    ({"seed": 2**70}, "seed"),
+    ({"top_k": 2**70}, "top_k"),
+    ({"seed": 2**64 - 1, "n": 2}, "seed"),
+])
+def test_numbers_that_crashed_the_worker_are_refused_by_the_real_server(hostile_server: ServerProcess,
+                                                                          fields: dict, param: str) -> None:
+    control = _control(hostile_server)
+    response = httpx.post(f"{hostile_server.base_url}/v1/completions", timeout=30,
+                          json={"prompt": "Hello, world", "max_tokens": 4, **fields})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert _control(hostile_server) == control
