@@ -1,4 +1,4 @@
-"""The HTTP frontend against an in-process fake engine: routes, errors, streaming, metrics, aborts.
+"""The HTTP frontend against an in-process fake engine: routes, errors, streaming, aborts.
 
 Requests go through httpx's ASGI transport (and the real `openai` SDK on top of it); disconnects are
 simulated by driving the ASGI app directly, since that transport buffers whole responses.
@@ -10,7 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -19,55 +19,8 @@ import pytest
 import rapid_llm
 from rapid_llm.frontend.app import build_app
 from rapid_llm.frontend.options import FrontendOptions
-from rapid_llm.ipc.messages import SchedulerStats
-from rapid_llm.utils.tiny_checkpoint import build_tokenizer
 from tests.unit.fake_engine import REPLIES, FakeEngine
-
-CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture
-def engine(tokenizer: Any) -> FakeEngine:
-    return FakeEngine(tokenizer)
-
-
-def _client(app: Any, **headers: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
-
-
-@pytest.fixture
-async def client(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    async with _client(build_app(engine)) as http:
-        yield http
-
-
-@pytest.fixture
-async def sdk(engine: FakeEngine) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(build_app(engine)) as http:
-        yield openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
-
-
-def sse_payloads(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON payloads of an SSE body, checking its framing and the closing [DONE]."""
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/event-stream")
-    frames = response.text.split("\n\n")
-    assert frames[-1] == "" and frames[-2] == "data: [DONE]"
-    assert all(frame.startswith("data: ") for frame in frames[:-1])
-    return [json.loads(frame[len("data: "):]) for frame in frames[:-2]]
-
-
-def assert_error(response: httpx.Response, status: int, param: str | None, type_: str = "BadRequestError") -> str:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert (error["type"], error["param"]) == (type_, param)
-    return error["message"]
+from tests.unit.http_helpers import CHAT, assert_error, http_client, sse_payloads
 
 
 # ---- non-streaming ---------------------------------------------------------------------------
@@ -367,7 +320,7 @@ async def test_bad_requests_name_the_field(
 async def test_prompt_token_ids_are_checked_against_the_model_vocab_size(tokenizer: Any) -> None:
     # Ids past the tokenizer but within the model's embedding rows are valid input for the worker.
     engine = FakeEngine(tokenizer, vocab_size=len(tokenizer) + 8)
-    async with _client(build_app(engine)) as client:
+    async with http_client(build_app(engine)) as client:
         accepted = await client.post("/v1/completions", json={"prompt": [1, len(tokenizer) + 7]})
         assert accepted.status_code == 200
         refused = await client.post("/v1/completions", json={"prompt": [1, len(tokenizer) + 8]})
@@ -437,88 +390,18 @@ async def test_models_version_health(client: httpx.AsyncClient, engine: FakeEngi
 
 async def test_api_key(engine: FakeEngine) -> None:
     app = build_app(engine, FrontendOptions(api_key="sesame"))
-    async with _client(app) as anonymous, _client(app, authorization="Bearer wrong") as wrong:
+    async with http_client(app) as anonymous, http_client(app, authorization="Bearer wrong") as wrong:
         for http in (anonymous, wrong):
             response = await http.post("/v1/completions", json={"prompt": "Hi"})
             assert_error(response, 401, None, "AuthenticationError")
             assert_error(await http.get("/v1/models"), 401, None, "AuthenticationError")
         for path in ("/health", "/version", "/metrics"):
             assert (await anonymous.get(path)).status_code == 200
-    async with _client(app, authorization="Bearer sesame") as allowed:
+    async with http_client(app, authorization="Bearer sesame") as allowed:
         assert (await allowed.post("/v1/completions", json={"prompt": "Hi"})).status_code == 200
         sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="wrong", http_client=allowed, max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             await sdk.models.list()
-
-
-# ---- metrics ---------------------------------------------------------------------------------
-
-
-def metric(text: str, name: str) -> float:
-    [value] = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
-               or line.startswith(name + " ")]
-    return value
-
-
-async def test_metrics(client: httpx.AsyncClient, engine: FakeEngine) -> None:
-    text = (await client.get("/metrics")).text
-    assert metric(text, "rapid_llm:num_requests_running") == 0 and metric(text, "rapid_llm:kv_cache_blocks_total") == 0
-    await client.post("/v1/completions", json={"prompt": [3, 4, 5], "max_tokens": 5})
-    await client.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 64, "stream": True})
-    engine.scheduler_stats = SchedulerStats(num_running=2, num_waiting=1, kv_blocks_used=3, kv_blocks_total=12)
-    response = await client.get("/metrics")
-    assert response.headers["content-type"].startswith("text/plain")
-    text = response.text
-    reply_tokens = len(engine.tokenizer.encode(REPLIES[0])) + 1
-    assert metric(text, "rapid_llm:num_requests_running") == 2
-    assert metric(text, "rapid_llm:num_requests_waiting") == 1
-    assert metric(text, "rapid_llm:kv_cache_blocks_used") == 3
-    assert metric(text, "rapid_llm:kv_cache_blocks_total") == 12
-    assert metric(text, "rapid_llm:prompt_tokens_total") == 5
-    assert metric(text, "rapid_llm:generation_tokens_total") == 5 + reply_tokens
-    assert metric(text, "rapid_llm:time_to_first_token_seconds_count") == 2
-    deltas = -(-5 // engine.tokens_per_delta) + -(-reply_tokens // engine.tokens_per_delta)
-    assert metric(text, "rapid_llm:inter_token_latency_seconds_count") == deltas - 2
-    assert metric(text, "rapid_llm:e2e_request_latency_seconds_count") == 2
-    assert 'rapid_llm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
-    assert 'rapid_llm:request_success_total{finished_reason="stop",model_name="tiny"} 1.0' in text
-    assert metric(text, "rapid_llm:time_per_output_token_seconds_count") == deltas - 2
-    assert "_created" not in text
-    assert metric(text, "process_resident_memory_bytes") > 0 and "python_info{" in text
-
-
-async def test_request_histograms(client: httpx.AsyncClient, engine: FakeEngine) -> None:
-    engine.queue_time, engine.prefill_time = 0.25, 0.5
-    # Two prompts, n=2: choice seeds 0 and 1 for each, so each prompt's choices reply differently.
-    await client.post("/v1/completions", json={"prompt": [[3, 4, 5], [6, 7]], "n": 2, "seed": 0, "max_tokens": 64})
-    text = (await client.get("/metrics")).text
-    lengths = [len(engine.tokenizer.encode(REPLIES[seed])) + 1 for seed in (0, 1)]
-    assert metric(text, "rapid_llm:request_queue_time_seconds_count") == 4
-    assert metric(text, "rapid_llm:request_queue_time_seconds_sum") == 4 * 0.25
-    assert metric(text, "rapid_llm:request_prefill_time_seconds_sum") == 4 * 0.5
-    decode = metric(text, "rapid_llm:request_decode_time_seconds_sum")
-    assert metric(text, "rapid_llm:request_decode_time_seconds_count") == 4 and decode > 0
-    assert metric(text, "rapid_llm:request_inference_time_seconds_sum") == pytest.approx(4 * 0.5 + decode)
-    assert metric(text, "rapid_llm:request_time_per_output_token_seconds_count") == 4
-    assert metric(text, "rapid_llm:request_prompt_tokens_sum") == 3 + 3 + 2 + 2
-    assert metric(text, "rapid_llm:request_generation_tokens_sum") == 2 * sum(lengths)
-    assert metric(text, "rapid_llm:request_max_num_generation_tokens_count") == 2
-    assert metric(text, "rapid_llm:request_max_num_generation_tokens_sum") == 2 * max(lengths)
-
-
-async def test_scheduler_counters_come_from_the_scheduler_totals(client: httpx.AsyncClient,
-                                                                  engine: FakeEngine) -> None:
-    text = (await client.get("/metrics")).text
-    assert metric(text, "rapid_llm:num_preemptions_total") == 0
-    assert metric(text, "rapid_llm:prefix_cache_queries_total") == 0
-    assert metric(text, "rapid_llm:prefix_cache_hits_total") == 0
-    engine.scheduler_stats = SchedulerStats(num_running=0, num_waiting=0, kv_blocks_used=0, kv_blocks_total=12,
-                                            num_preemptions=3, prefix_cache_queries=1000, prefix_cache_hits=992)
-    text = (await client.get("/metrics")).text
-    assert "# TYPE rapid_llm:prefix_cache_queries_total counter" in text
-    assert metric(text, "rapid_llm:prefix_cache_queries_total") == 1000
-    assert metric(text, "rapid_llm:prefix_cache_hits_total") == 992
-    assert metric(text, "rapid_llm:num_preemptions_total") == 3
 
 
 # ---- cache flush -----------------------------------------------------------------------------
@@ -536,7 +419,7 @@ async def test_flush_cache(client: httpx.AsyncClient, engine: FakeEngine) -> Non
 
 
 async def test_flush_cache_needs_the_api_key(engine: FakeEngine) -> None:
-    async with _client(build_app(engine, FrontendOptions(api_key="secret"))) as http:
+    async with http_client(build_app(engine, FrontendOptions(api_key="secret"))) as http:
         assert (await http.post("/flush_cache")).status_code == 401
         assert (await http.post("/flush_cache", headers={"Authorization": "Bearer secret"})).status_code == 200
 
@@ -584,7 +467,7 @@ async def test_stream_disconnect_aborts(engine: FakeEngine) -> None:
     request_ids = [request_id for request_id, _, _ in engine.requests]
     assert len(request_ids) == 2
     assert sorted(engine.closed_early) == sorted(request_ids)
-    async with _client(app) as http:
+    async with http_client(app) as http:
         text = (await http.get("/metrics")).text
     assert 'rapid_llm:request_success_total{finished_reason="abort",model_name="tiny"} 2.0' in text
 

@@ -13,7 +13,7 @@ from rapid_llm.frontend.app import build_app
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import CompletionRequest, decode_request
 from tests.unit.fake_engine import FakeEngine
-from tests.unit.test_frontend import _client, tokenizer  # noqa: F401  (a fixture)
+from tests.unit.http_helpers import http_client
 
 
 def write_generation_config(directory, **values) -> None:
@@ -63,12 +63,12 @@ def test_requests_get_the_defaults_only_for_unset_fields() -> None:
 async def test_chat_without_max_tokens_uses_max_new_tokens_capped_by_the_context(tokenizer: Any) -> None:
     engine = FakeEngine(tokenizer, max_model_len=128)
     chat = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
-    async with _client(build_app(engine, FrontendOptions(sampling_defaults=DEFAULTS))) as http:
+    async with http_client(build_app(engine, FrontendOptions(sampling_defaults=DEFAULTS))) as http:
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         assert engine.requests[-1][2].max_tokens == 64
         assert (await http.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 5})).status_code == 200
         assert engine.requests[-1][2].max_tokens == 5
-    async with _client(build_app(engine, FrontendOptions(sampling_defaults={"max_tokens": 1000}))) as http:
+    async with http_client(build_app(engine, FrontendOptions(sampling_defaults={"max_tokens": 1000}))) as http:
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         num_prompt_tokens = len(engine.requests[-1][1])
         assert engine.requests[-1][2].max_tokens == 128 - num_prompt_tokens

@@ -18,16 +18,11 @@ import pytest
 from rapid_llm.frontend.app import build_app
 from rapid_llm.frontend.options import FrontendOptions
 from tests.unit.fake_engine import FakeEngine
-from tests.unit.test_frontend import _client, assert_error, tokenizer  # noqa: F401  (a fixture)
+from tests.unit.http_helpers import assert_error, http_client
 
 CONTROL = {"prompt": "Hello, world", "max_tokens": 8, "temperature": 0, "seed": 1}
 WIDE = 2**70
 LOOPING_TEMPLATE = "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
-
-
-@pytest.fixture
-def engine(tokenizer: Any) -> FakeEngine:
-    return FakeEngine(tokenizer)
 
 
 async def _control(http: httpx.AsyncClient) -> dict[str, Any]:
@@ -38,7 +33,7 @@ async def _control(http: httpx.AsyncClient) -> dict[str, Any]:
 
 @pytest.fixture
 async def client(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    async with _client(build_app(engine)) as http:
+    async with http_client(build_app(engine)) as http:
         before = await _control(http)
         yield http
         assert await _control(http) == before, "the server answers differently after a hostile request"
@@ -86,7 +81,7 @@ async def test_brackets_inside_strings_do_not_count_as_nesting(client: httpx.Asy
 
 
 async def test_oversized_bodies_get_413(engine: FakeEngine) -> None:
-    async with _client(build_app(engine, FrontendOptions(max_request_body_bytes=1000))) as http:
+    async with http_client(build_app(engine, FrontendOptions(max_request_body_bytes=1000))) as http:
         declared = await http.post("/v1/completions", json={"prompt": "x" * 2000})
         assert_error(declared, 413, None, "RequestTooLargeError")
 
@@ -131,7 +126,7 @@ async def test_request_chat_templates_are_refused_by_default(client: httpx.Async
 
 
 async def test_trusted_request_templates_are_used_and_runaway_ones_cut_off(engine: FakeEngine) -> None:
-    async with _client(build_app(engine, FrontendOptions(trust_request_chat_template=True))) as http:
+    async with http_client(build_app(engine, FrontendOptions(trust_request_chat_template=True))) as http:
         body = {"messages": [{"role": "user", "content": "Hi"}], "chat_template": "{{ messages[0].content }}!"}
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
         assert engine.requests[-1][1] == engine.tokenizer.encode("Hi!", add_special_tokens=False)
@@ -146,10 +141,10 @@ async def test_a_model_without_chat_template_names_the_flag(engine: FakeEngine, 
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tokenizer, "chat_template", None)
     chat = {"messages": [{"role": "user", "content": "Hi"}]}
-    async with _client(build_app(engine)) as http:
+    async with http_client(build_app(engine)) as http:
         message = assert_error(await http.post("/v1/chat/completions", json=chat), 400, "messages")
         assert "--chat-template" in message
-    async with _client(build_app(engine, FrontendOptions(chat_template="[{{ messages[0].content }}]"))) as http:
+    async with http_client(build_app(engine, FrontendOptions(chat_template="[{{ messages[0].content }}]"))) as http:
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         assert engine.requests[-1][1] == engine.tokenizer.encode("[Hi]", add_special_tokens=False)
 
@@ -170,7 +165,7 @@ async def test_prompts_far_beyond_the_context_are_refused_before_tokenizing(
 
 
 async def test_api_key_scheme_is_case_insensitive_and_guards_server_info(engine: FakeEngine) -> None:
-    async with _client(build_app(engine, FrontendOptions(api_key="sesame"))) as http:
+    async with http_client(build_app(engine, FrontendOptions(api_key="sesame"))) as http:
         for scheme in ("Bearer", "bearer", "BEARER"):
             response = await http.post("/v1/completions", json={"prompt": "Hi"},
                                        headers={"authorization": f"{scheme} sesame"})

@@ -10,12 +10,10 @@ import logging
 import threading
 import time
 
-import pytest
 import zmq
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (
-    FrontendToScheduler,
     GenerateRequest,
     SchedulerStats,
     SchedulerToFrontend,
