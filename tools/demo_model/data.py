@@ -18,8 +18,8 @@ import hashlib
 import json
 import pathlib
 import re
+import platform
 import shutil
-import sys
 import sysconfig
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
@@ -29,6 +29,7 @@ HELD_OUT_MAX_BYTES = 400_000
 # Directory names skipped anywhere below the stdlib root: tests, third-party code, IDLE, and caches.
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "__pycache__"})
 SEPARATOR = "#<|file|> {path}\n"
+SOURCE = f"CPython {platform.python_version()} standard library"
 _SEPARATOR_RE = re.compile(r"^#<\|file\|> (.+)\n", re.MULTILINE)
 
 
@@ -66,6 +67,9 @@ def split(sizes: dict[str, int], max_held_out_bytes: int = HELD_OUT_MAX_BYTES) -
 def join_files(texts: dict[str, str]) -> str:
     """One text holding ``texts`` in path order, each preceded by its separator line."""
     for path, text in texts.items():
+        # A separator must start a line, so a text without its final newline would not come back intact.
+        if text and not text.endswith("\n"):
+            raise CorpusError(f"{path} does not end with a newline")
         if _SEPARATOR_RE.search(text):
             raise CorpusError(f"{path} contains a line that looks like a file separator")
     return "".join(SEPARATOR.format(path=path) + text for path, text in sorted(texts.items()))
@@ -105,7 +109,7 @@ def write_split(stdlib: pathlib.Path, data_dir: pathlib.Path) -> dict[str, int]:
     train, held_out = split({path: len(data) for path, data in contents.items()})
     data_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "source": f"CPython {sys.version.split()[0]} standard library",
+        "source": SOURCE,
         "held_out_max_bytes": HELD_OUT_MAX_BYTES,
         "held_out": held_out,
         "train": [{"path": p, "sha256": hashlib.sha256(contents[p]).hexdigest(), "bytes": len(contents[p])}
