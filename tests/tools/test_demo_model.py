@@ -17,6 +17,7 @@ from tools.demo_model.train import tokenize, train
 from tools.demo_model.upcycle import upcycle
 
 TINY = PRESETS["tiny"]
+TINY_MOE = dataclasses.replace(TINY, architecture="Qwen3MoeForCausalLM", num_experts=4, upcycle_from="tiny")
 MANIFEST = json.loads((data.DATA_DIR / data.MANIFEST_NAME).read_text())
 # Regeneration is only meaningful on the Python whose standard library the shipped split came from.
 SAME_STDLIB = data.DEFAULT_STDLIB.is_dir() and MANIFEST["source"] == data.SOURCE
@@ -30,6 +31,14 @@ def held_out() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def held_out_tokens(held_out: dict[str, str]) -> torch.Tensor:
     return tokenize(list(held_out.values())[:3])
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory: pytest.TempPathFactory, held_out_tokens: torch.Tensor) -> pathlib.Path:
+    """The exported folder of the tiny preset after its four steps."""
+    root = tmp_path_factory.mktemp("tiny")
+    train(TINY, held_out_tokens, held_out_tokens[:200], root / "work", root / "out")
+    return root / "out"
 
 
 def test_split_is_deterministic_disjoint_and_capped() -> None:
@@ -114,22 +123,30 @@ def test_training_resumes_to_identical_weights(tmp_path: pathlib.Path, held_out_
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_exported_folder_loads_in_transformers_as_bfloat16(tmp_path: pathlib.Path,
-                                                          held_out_tokens: torch.Tensor) -> None:
-    train(TINY, held_out_tokens, held_out_tokens[:200], tmp_path / "w", tmp_path / "out")
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+def test_exported_folder_loads_in_transformers_as_bfloat16(tiny_dense: pathlib.Path) -> None:
+    assert json.loads((tiny_dense / "config.json").read_text())["dtype"] == "bfloat16"
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dense)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dense)
     assert model.dtype == torch.bfloat16
     prompt = tokenizer("import os\n", return_tensors="pt")
     generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert generated.shape == (1, prompt["input_ids"].shape[1] + 4)
 
 
+def test_moe_preset_trains_from_the_upcycled_dense_export(tmp_path: pathlib.Path, tiny_dense: pathlib.Path,
+                                                         held_out_tokens: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="--init-from"):
+        train(TINY_MOE, held_out_tokens, held_out_tokens[:200], tmp_path / "w0", tmp_path / "o0")
+    result = train(TINY_MOE, held_out_tokens, held_out_tokens[:200], tmp_path / "w", tmp_path / "out",
+                   init_from=tiny_dense)
+    assert result.finished
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and model.config.num_experts == 4
+
+
 def test_upcycled_moe_copies_the_dense_model() -> None:
     dense = transformers.AutoModelForCausalLM.from_config(TINY.config())
-    moe_preset = dataclasses.replace(TINY, architecture="Qwen3MoeForCausalLM", num_experts=4)
-    moe = upcycle(dense, moe_preset.config(), torch.Generator().manual_seed(0))
+    moe = upcycle(dense, TINY_MOE.config(), torch.Generator().manual_seed(0))
     dense_state, moe_state = dense.state_dict(), moe.state_dict()
     assert torch.equal(moe_state["model.layers.1.self_attn.o_proj.weight"],
                        dense_state["model.layers.1.self_attn.o_proj.weight"])
