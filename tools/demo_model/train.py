@@ -71,11 +71,13 @@ def learning_rate(preset: Preset, step: int) -> float:
 def held_out_loss(model: transformers.PreTrainedModel, tokens: torch.Tensor, seq_len: int,
                   max_tokens: int = EVAL_MAX_TOKENS) -> float:
     """Mean next-token loss over consecutive ``seq_len`` windows of the first ``max_tokens`` tokens."""
-    model.eval()
     windows = tokens[: max_tokens + 1].unfold(0, seq_len + 1, seq_len)
-    losses = [_loss(model, chunk) for chunk in windows.split(8)]
+    if len(windows) == 0:
+        raise ValueError(f"{len(tokens)} held-out tokens are too few for seq_len {seq_len}")
+    model.eval()
+    total = sum(_loss(model, chunk).item() * len(chunk) for chunk in windows.split(8))
     model.train()
-    return float(torch.stack(losses).mean())
+    return total / len(windows)
 
 
 def _loss(model: transformers.PreTrainedModel, chunk: torch.Tensor) -> torch.Tensor:
