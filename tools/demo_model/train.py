@@ -123,7 +123,9 @@ def train(preset: Preset, train_tokens: torch.Tensor, held_out_tokens: torch.Ten
     tokens_per_step = preset.batch_size * preset.seq_len
     started, start_step = time.monotonic(), step
     model.train()
-    with tqdm(total=preset.steps, initial=step, desc="train", mininterval=5, dynamic_ncols=True) as progress:
+    # miniters=1: tqdm's adaptive default goes quiet for minutes when the step time varies (shared CPUs).
+    with tqdm(total=preset.steps, initial=step, desc="train", mininterval=5, miniters=1,
+              dynamic_ncols=True) as progress:
         while step < last and time.monotonic() < deadline:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(preset, step)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Train the demo family in order -- target, draft, then moe upcycled from the exported target -- at
-# nice 19. Each preset has a wall-clock cap; rerunning the script resumes every preset from its work
-# directory (a finished one only re-exports). Usage: tools/demo_model/train_all.sh [ROOT=/work/demo_train]
+# nice 19, so it only takes CPU that nothing else wants. Rerunning resumes every preset from its work
+# directory (a finished one only re-exports). Arguments after ROOT go to every train command, e.g.
+# `--max-minutes 30` to cap each run (the schedule then continues on the next rerun).
+# Usage: tools/demo_model/train_all.sh [ROOT=/work/demo_train] [train options...]
 set -euo pipefail
 root=${1:-/work/demo_train}
+shift || true
 python=${PYTHON:-python}
 cd "$(dirname "$0")/../.."
 mkdir -p "$root"
@@ -15,6 +18,6 @@ run() {
         --out "$root/$name/model" "$@" >>"$root/$name.log" 2>&1
 }
 
-run target --max-minutes 50
-run draft --max-minutes 12
-run moe --init-from "$root/target/model" --max-minutes 28
+run target "$@"
+run draft "$@"
+run moe --init-from "$root/target/model" "$@"
