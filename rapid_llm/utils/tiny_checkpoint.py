@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Iterable
 
 import torch
 import transformers
@@ -158,38 +159,47 @@ def tiny_config(architecture: str = "LlamaForCausalLM", **overrides: object) -> 
     return _CONFIG_CLASSES[architecture](architectures=[architecture], **kwargs)
 
 
-def build_tokenizer(out_dir: str | os.PathLike,
-                    model_max_length: int = MAX_POSITION_EMBEDDINGS) -> transformers.PreTrainedTokenizerFast:
-    """Train the byte-level BPE tokenizer, save it to ``out_dir`` and return it.
-
-    Training is deterministic (fixed corpus and settings), so every call yields the same vocabulary.
-    """
+def train_byte_level_bpe(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size: int, chat_template: str,
+                         model_max_length: int) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``texts`` with the project's special tokens, saved to ``out_dir`` as a
+    standard HF tokenizer folder (the chat template inside tokenizer_config.json) and returned."""
     tokenizer = Tokenizer(models.BPE())
+    # ByteLevel's regex keeps runs of spaces together, so indentation becomes a few whole tokens.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
         special_tokens=list(SPECIAL_TOKENS),
         # All 256 byte symbols, so that text unlike the corpus (emoji, any script) still encodes.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator([_CORPUS], trainer=trainer)
-
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     hf_tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         model_max_length=model_max_length,
         # The cleanup rewrites " ." as "." and the like, which breaks decode(encode(text)) == text.
         clean_up_tokenization_spaces=False,
     )
-    hf_tokenizer.save_pretrained(out_dir)
+    # In tokenizer_config.json (not chat_template.jinja), where every transformers version and other
+    # runtimes look for it.
+    hf_tokenizer.save_pretrained(out_dir, save_jinja_files=False)
     return hf_tokenizer
+
+
+def build_tokenizer(out_dir: str | os.PathLike,
+                    model_max_length: int = MAX_POSITION_EMBEDDINGS) -> transformers.PreTrainedTokenizerFast:
+    """Train the tiny byte-level BPE tokenizer, save it to ``out_dir`` and return it.
+
+    Training is deterministic (fixed corpus and settings), so every call yields the same vocabulary.
+    """
+    return train_byte_level_bpe([_CORPUS], out_dir, VOCAB_SIZE, CHAT_TEMPLATE, model_max_length)
 
 
 def build_tiny_checkpoint(

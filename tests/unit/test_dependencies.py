@@ -1,7 +1,7 @@
 """Every third-party import is declared in pyproject.toml, in a group its code may rely on.
 
 A fresh `pip install -e .` must be enough to run `rapid_llm/`; `.[bench]` adds what `benchmarks/`
-needs and `.[test]` what `tests/` needs. Imports are read with `ast`, mapped to their distribution
+needs and `.[test]` what `tests/` needs; `tools/` (the demo-model trainer) uses runtime ones only. Imports are read with `ast`, mapped to their distribution
 with `importlib.metadata.packages_distributions()`, and compared with the requirement names of each
 group. An import inside `try: ... except ImportError` is optional and may stay undeclared.
 """
@@ -27,6 +27,7 @@ ALLOWED_GROUPS = {
     "rapid_llm": ("runtime",),
     "benchmarks": ("runtime", "bench"),
     "tests": ("runtime", "bench", "test"),
+    "tools": ("runtime",),
 }
 LOCAL_PACKAGES = set(ALLOWED_GROUPS)
 # Files executed by another project's interpreter, never by ours.

@@ -19,10 +19,8 @@ import pathlib
 from collections.abc import Iterable
 
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from rapid_llm.utils.tiny_checkpoint import BOS_TOKEN, EOS_TOKEN, IM_END_TOKEN, IM_START_TOKEN, PAD_TOKEN, \
-    SPECIAL_TOKENS
+from rapid_llm.utils.tiny_checkpoint import train_byte_level_bpe
 from tools.demo_model import data
 
 ARTIFACT_DIR = pathlib.Path(__file__).resolve().parent / "artifacts" / "tokenizer"
@@ -56,33 +54,7 @@ CHAT_TEMPLATE = (
 def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size: int = VOCAB_SIZE,
                     model_max_length: int = MODEL_MAX_LENGTH) -> transformers.PreTrainedTokenizerFast:
     """Train the BPE on ``texts`` (one item per file), save it to ``out_dir`` and return it."""
-    tokenizer = Tokenizer(models.BPE())
-    # ByteLevel's regex keeps runs of spaces together, so indentation becomes a few whole tokens.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    hf_tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=model_max_length,
-        # The cleanup rewrites " ." as "." and the like, which breaks decode(encode(text)) == text.
-        clean_up_tokenization_spaces=False,
-    )
-    # The template goes into tokenizer_config.json (not chat_template.jinja), where every
-    # transformers version and other runtimes look for it.
-    hf_tokenizer.save_pretrained(out_dir, save_jinja_files=False)
-    return hf_tokenizer
+    return train_byte_level_bpe(texts, out_dir, vocab_size, CHAT_TEMPLATE, model_max_length)
 
 
 def chars_per_token(tokenizer: transformers.PreTrainedTokenizerBase, texts: Iterable[str]) -> float:
