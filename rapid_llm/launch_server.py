@@ -66,7 +66,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     from rapid_llm.entrypoints.http_server import HttpServer, bind_listening_socket, uvicorn_config
     from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 
-    # Cheapest checks first, so a typo is reported before torch is even imported.
+    # Cheapest checks first, so a typo is reported before the heavier imports below.
     try:
         args.check_http()
         listening_socket = bind_listening_socket(args.host, args.port)
@@ -76,16 +76,15 @@ def _serve(args: ServerArgs, started: float) -> int:
     except (ValueError, OSError) as error:
         logger.error("invalid configuration: %s", error)
         return 2
-    from transformers import AutoTokenizer
-
     import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.frontend.app import build_app
     from rapid_llm.frontend.tokenizer_manager import TokenizerManager
+    from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
-                config.model.architecture, model_dir, config.model.dtype, config.model.max_model_len,
-                config.device.torch_device)
+                config.model.architecture, model_dir, config.model.dtype_name, config.model.max_model_len,
+                config.device.type)
     scheduler = config.scheduler
     logger.info("scheduler: max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, async scheduling %s; "
                 "API key %s", scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
@@ -95,7 +94,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     engine = EngineProcesses(config)
     try:
         tokenizer = engine.start_while(
-            lambda: AutoTokenizer.from_pretrained(config.tokenizer, trust_remote_code=args.trust_remote_code))
+            lambda: load_tokenizer(config.tokenizer, args.trust_remote_code))
     except (EngineStartupError, OSError, ValueError) as error:
         logger.error("start-up failed: %s", error)
         return 1

@@ -147,15 +147,15 @@ class ServerArgs:
 
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"--log-level {self.log_level!r} must be debug, info, warning or error")
-        # Before the imports below (torch, transformers: seconds), so a wrong path fails at once.
+        # First, so a wrong path fails with the cause that names the fix.
         check_model_dir(model_dir)
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
         from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.models.registry import check_supported
-        from rapid_llm.ops.attention import select_attention_backend
+        from rapid_llm.ops.attention.registry import check_attention_backend
 
-        select_attention_backend(self.attention_backend)
+        check_attention_backend(self.attention_backend)
         device = DeviceConfig(self.device)
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code)
         check_supported(model.architecture)
@@ -166,7 +166,7 @@ class ServerArgs:
             num_blocks=self.num_kv_blocks,
             gpu_memory_utilization=self.gpu_memory_utilization,
         )
-        default_budget = 8192 if device.torch_device.type == "cuda" else 2048
+        default_budget = 8192 if device.type == "cuda" else 2048
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,
             block_size=self.block_size,

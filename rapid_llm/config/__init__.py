@@ -6,21 +6,12 @@ imports torch or transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rapid_llm.utils.lazy_exports import lazy_exports
 
-_EXPORTS = {
-    "CacheConfig": "rapid_llm.config.cache_config",
-    "DeviceConfig": "rapid_llm.config.device_config",
-    "EngineConfig": "rapid_llm.config.engine_config",
-    "ModelConfig": "rapid_llm.config.model_config",
-    "SchedulerConfig": "rapid_llm.config.scheduler_config",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'rapid_llm.config' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_exports(__name__, {
+    "rapid_llm.config.cache_config": ("CacheConfig",),
+    "rapid_llm.config.device_config": ("DeviceConfig",),
+    "rapid_llm.config.engine_config": ("EngineConfig",),
+    "rapid_llm.config.model_config": ("ModelConfig",),
+    "rapid_llm.config.scheduler_config": ("SchedulerConfig",),
+})

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from rapid_llm.config.dtypes import dtype_from_name, dtype_name
 
-from rapid_llm.config.dtypes import dtype_from_name
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # what vLLM's CPU backend reserves by default
 
@@ -32,7 +34,7 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.cache_dtype != "auto":
-            dtype_from_name(self.cache_dtype, "--kv-cache-dtype")
+            dtype_name(self.cache_dtype, "--kv-cache-dtype")
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")

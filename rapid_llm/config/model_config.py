@@ -1,21 +1,30 @@
 """ModelConfig: what the engine needs to know about a checkpoint, resolved once.
 
-It wraps the Hugging Face `AutoConfig` object rather than re-parsing config.json, so every
-family-specific field (rope parameters, head_dim, sliding windows) means exactly what the
-installed transformers says it means.
+The launcher reads config.json as plain JSON (any transformers config class imports torch) for the
+few fields it resolves: architecture, vocabulary, supported length, dtype, EOS. The worker builds
+the Hugging Face `AutoConfig` object on first use of `hf_config`, so every family-specific field
+(rope parameters, head_dim, sliding windows) means exactly what the installed transformers says it
+means, and refuses to start if transformers reads those launcher fields differently.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import AutoConfig, PretrainedConfig
+from rapid_llm.config.dtypes import dtype_from_name, dtype_name
 
-from rapid_llm.config.dtypes import dtype_from_name
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+# Fields the launcher needs that config.json must spell out (no class default fills them in there).
+_REQUIRED_JSON_FIELDS = ("vocab_size", "max_position_embeddings")
+
 
 def rope_parameters(hf_config: PretrainedConfig) -> dict[str, Any]:
     """A copy of the flat rope dict as transformers 5.x sees it, or built from `rope_scaling` + `rope_theta`
@@ -54,34 +63,68 @@ def derived_max_model_len(max_positions: int, rope: dict[str, Any]) -> int:
     return max_positions
 
 
-def _checkpoint_dtype(hf_config: PretrainedConfig) -> torch.dtype:
-    declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    return dtype_from_name(declared, "checkpoint dtype") if declared is not None else torch.float32
+def _token_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
-def _eos_token_ids(model_dir: Path, hf_config: PretrainedConfig) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class CheckpointFields:
+    """The checkpoint config's fields the launcher resolves, read through getattr, so config.json's JSON
+    and transformers' config object give comparable values."""
+
+    architectures: tuple[str, ...]
+    vocab_size: int
+    supported_len: int  # max_position_embeddings, stretched by rope scaling
+    declared_dtype: str | None  # as written ("bfloat16"); None when the checkpoint declares none
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config: Any) -> "CheckpointFields":
+        declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        return cls(
+            architectures=tuple(getattr(config, "architectures", None) or ()),
+            vocab_size=int(config.vocab_size),
+            supported_len=derived_max_model_len(int(config.max_position_embeddings), rope_parameters(config)),
+            declared_dtype=None if declared is None else str(declared).removeprefix("torch."),
+            eos_token_ids=_token_ids(getattr(config, "eos_token_id", None)),
+        )
+
+
+def _read_config_json(model: str) -> SimpleNamespace:
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--model {model!r} is not a Hugging Face checkpoint directory (no config.json there)")
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {model!r}: cannot read config.json ({error})") from None
+    missing = [name for name in _REQUIRED_JSON_FIELDS if name not in values]
+    if missing:
+        raise ValueError(f"{path} names no {', '.join(missing)}; add it to the checkpoint's config")
+    return SimpleNamespace(**values)
+
+
+def _eos_token_ids(model_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
     """EOS ids from generation_config.json when present (it is what HF generate stops on), else config."""
     generation_config = model_dir / "generation_config.json"
-    eos: Any = None
     if generation_config.is_file():
         eos = json.loads(generation_config.read_text()).get("eos_token_id")
-    if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        if eos is not None:
+            return _token_ids(eos)
+    return config_eos
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A checkpoint directory plus the resolved settings the engine runs it with."""
+    """A checkpoint directory plus the resolved settings the engine runs it with (no torch needed)."""
 
     model: str
-    hf_config: PretrainedConfig
-    dtype: torch.dtype
+    checkpoint: CheckpointFields
+    dtype_name: str
     max_model_len: int
     eos_token_ids: tuple[int, ...]
-    rope_parameters: dict[str, Any]  # resolved once, from hf_config, when the config is built
     trust_remote_code: bool = False
 
     @classmethod
@@ -92,13 +135,12 @@ class ModelConfig:
         max_model_len: int | None = None,
         trust_remote_code: bool = False,
     ) -> "ModelConfig":
-        model_dir = Path(model)
-        if not (model_dir / "config.json").is_file():
-            raise ValueError(f"--model {model!r} is not a Hugging Face checkpoint directory (no config.json there)")
-        hf_config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-        resolved_dtype = _checkpoint_dtype(hf_config) if dtype == "auto" else dtype_from_name(dtype, "--dtype")
-        rope = rope_parameters(hf_config)
-        supported_len = derived_max_model_len(int(hf_config.max_position_embeddings), rope)
+        checkpoint = CheckpointFields.of(_read_config_json(model))
+        if dtype == "auto":
+            resolved_dtype = dtype_name(checkpoint.declared_dtype or "float32", "checkpoint dtype")
+        else:
+            resolved_dtype = dtype_name(dtype, "--dtype")
+        supported_len = checkpoint.supported_len
         if max_model_len is None:
             max_model_len = supported_len
         elif max_model_len < 1:
@@ -108,19 +150,39 @@ class ModelConfig:
                 f"--max-model-len {max_model_len} is more than the model supports ({supported_len}, from its "
                 f"max_position_embeddings and rope scaling); lower --max-model-len to at most {supported_len}"
             )
-        return cls(model, hf_config, resolved_dtype, max_model_len, _eos_token_ids(model_dir, hf_config), rope,
-                   trust_remote_code)
+        return cls(model, checkpoint, resolved_dtype, max_model_len,
+                   _eos_token_ids(Path(model), checkpoint.eos_token_ids), trust_remote_code)
+
+    @cached_property
+    def hf_config(self) -> PretrainedConfig:
+        """transformers' config object, built on first use (in the worker: it imports torch)."""
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code)
+        seen = CheckpointFields.of(hf_config)
+        if seen != self.checkpoint:
+            raise ValueError(f"{self.model}/config.json read as JSON gives {self.checkpoint}, but transformers "
+                             f"reads {seen} (class defaults filling in what the file leaves out?); write those "
+                             "fields into config.json")
+        return hf_config
+
+    @cached_property
+    def rope_parameters(self) -> dict[str, Any]:
+        return rope_parameters(self.hf_config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype_name)
 
     @property
     def architecture(self) -> str:
-        architectures = getattr(self.hf_config, "architectures", None) or []
-        if not architectures:
+        if not self.checkpoint.architectures:
             raise ValueError(f"{self.model}/config.json names no 'architectures'; cannot pick a model class")
-        return architectures[0]
+        return self.checkpoint.architectures[0]
 
     @property
     def vocab_size(self) -> int:
-        return int(self.hf_config.vocab_size)
+        return self.checkpoint.vocab_size
 
     @property
     def num_attention_heads(self) -> int:

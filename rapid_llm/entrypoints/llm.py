@@ -63,16 +63,15 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        from transformers import AutoTokenizer
-
         from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
+        from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
         args = ServerArgs(model=model, **engine_args)
         self.config = args.engine_config(model_dir_or_demo(model))
         self._engine = EngineProcesses(self.config)
         self._context = zmq.Context()
         self.tokenizer = self._engine.start_while(
-            lambda: AutoTokenizer.from_pretrained(self.config.tokenizer, trust_remote_code=args.trust_remote_code))
+            lambda: load_tokenizer(self.config.tokenizer, args.trust_remote_code))
         self._requests = Sender(self._context, self._engine.paths.frontend_to_scheduler)
         self._texts: Receiver[TextBatch] = Receiver(self._context, self._engine.paths.detokenizer_to_frontend,
                                                     TextBatch)

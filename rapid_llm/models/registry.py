@@ -7,8 +7,10 @@ and a broken optional model can never break the others. Adding a model is one li
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",

@@ -4,6 +4,7 @@ seeds, n, logprobs, concurrency and aborts."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import openai
@@ -147,9 +148,17 @@ def test_models_health_version(server) -> None:
     assert {"created", "owned_by", "root"} <= set(entry)
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/version").json()["version"]
-    info = httpx.get(f"{server.base_url}/server_info").json()
+    info = httpx.get(f"{server.base_url}/server_info", headers=headers).json()
     assert info["num_kv_blocks"] == 256 and info["served_model_name"] == "tiny"
+    assert info["dtype"] == "float32" and info["device"] in ("cpu", "cuda")
     assert info["max_model_len"] == SERVER_MAX_MODEL_LEN and info["async_scheduling"] is True
+
+
+def test_the_http_process_never_loads_torch(server) -> None:
+    """Only the worker needs torch; the launcher (uvicorn + tokenizer) keeps its memory small."""
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "libtorch" not in maps
 
 
 @pytest.mark.parametrize(

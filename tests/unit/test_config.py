@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,6 +51,42 @@ def test_rope_parameters_are_resolved_once_without_touching_the_hf_config(tiny_c
     assert config.hf_config.rope_parameters["factor"] == 4.0 and config.hf_config.to_dict() == before
 
 
+def _copy_with_config(checkpoint: Path, target: Path, **changes: object) -> Path:
+    """A copy of `checkpoint` whose config.json has `changes` applied (None deletes a key)."""
+    shutil.copytree(checkpoint, target)
+    _edit_config(target, **changes)
+    return target
+
+
+def _edit_config(checkpoint: Path, **changes: object) -> None:
+    values = {**json.loads((checkpoint / "config.json").read_text()), **changes}
+    kept = {key: value for key, value in values.items() if value is not None}
+    (checkpoint / "config.json").write_text(json.dumps(kept))
+
+
+def test_a_transformers_4_config_json_resolves_as_transformers_reads_it(tiny_checkpoint, tmp_path) -> None:
+    checkpoint = _copy_with_config(tiny_checkpoint(max_position_embeddings=32), tmp_path / "v4", dtype=None,
+                                   torch_dtype="bfloat16", rope_parameters=None, rope_theta=10000.0,
+                                   rope_scaling={"type": "linear", "factor": 4.0})
+    config = ModelConfig.from_pretrained(str(checkpoint))
+    assert (config.dtype, config.max_model_len) == (torch.bfloat16, 128)
+    assert config.hf_config.max_position_embeddings == 32  # built, and it agreed with the JSON reading
+
+
+def test_the_worker_refuses_a_config_transformers_reads_differently(tiny_checkpoint, tmp_path) -> None:
+    checkpoint = _copy_with_config(tiny_checkpoint(), tmp_path / "changed")
+    config = ModelConfig.from_pretrained(str(checkpoint))
+    _edit_config(checkpoint, vocab_size=config.vocab_size + 1)  # changed after the launcher read it
+    with pytest.raises(ValueError, match="as JSON gives .*vocab_size=512.* but transformers reads .*vocab_size=513"):
+        config.hf_config
+
+
+def test_a_config_json_without_max_position_embeddings_is_refused(tiny_checkpoint, tmp_path) -> None:
+    checkpoint = _copy_with_config(tiny_checkpoint(), tmp_path / "no-positions", max_position_embeddings=None)
+    with pytest.raises(ValueError, match="names no max_position_embeddings"):
+        ModelConfig.from_pretrained(str(checkpoint))
+
+
 def test_not_a_checkpoint_directory(tmp_path) -> None:
     with pytest.raises(ValueError, match="no config.json"):
         ModelConfig.from_pretrained(str(tmp_path))
@@ -87,7 +127,8 @@ def test_kv_dtype_auto_is_the_model_dtype() -> None:
 
 def test_device_auto_picks_what_exists() -> None:
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert DeviceConfig().torch_device.type == expected
+    assert DeviceConfig().torch_device.type == expected == DeviceConfig().type
+    assert DeviceConfig("cpu").type == "cpu"
     with pytest.raises(ValueError, match="--device"):
         DeviceConfig("tpu")
 

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -121,3 +122,21 @@ def test_the_launcher_modules_do_not_import_torch_or_the_engine() -> None:
             "'rapid_llm.models', 'rapid_llm.scheduler_proc', 'rapid_llm.detokenizer_proc'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_launcher_start_up_path_does_not_import_torch(tiny_checkpoint) -> None:
+    """Config resolution, tokenizer load and the HTTP app's modules, as launch_server runs them."""
+    code = textwrap.dedent("""
+        import sys
+        import rapid_llm.entrypoints.engine_processes, rapid_llm.frontend.app, rapid_llm.frontend.tokenizer_manager
+        from rapid_llm.server_args import ServerArgs
+        from rapid_llm.utils.tokenizer_loading import load_tokenizer
+        args = ServerArgs(model=sys.argv[1])
+        config = args.engine_config(sys.argv[1])
+        args.frontend_options()
+        load_tokenizer(config.tokenizer).apply_chat_template([{"role": "user", "content": "hi"}])
+        print(config.summary()["device"], config.model.dtype_name, "torch" in sys.modules)
+    """)
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_checkpoint())], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.split()[1:] == ["float32", "False"]

@@ -1,18 +1,14 @@
-"""Attention backends, chosen by name; the pure-torch reference works everywhere."""
+"""Attention backends, chosen by name (`registry.py`); the pure-torch reference works everywhere.
 
-from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout
-from rapid_llm.ops.attention.torch_ref import TorchReferenceBackend
+Exports resolve lazily, so `rapid_llm.ops.attention.registry` can check a backend name in the
+launcher without importing torch.
+"""
 
-_BACKENDS: dict[str, type[AttentionBackend]] = {TorchReferenceBackend.name: TorchReferenceBackend}
+from __future__ import annotations
 
+from rapid_llm.utils.lazy_exports import lazy_exports
 
-def select_attention_backend(name: str = "auto") -> AttentionBackend:
-    """`auto` is the torch reference backend, the only one built so far."""
-    if name == "auto":
-        name = TorchReferenceBackend.name
-    if name not in _BACKENDS:
-        raise ValueError(f"--attention-backend {name!r} is unknown; choose one of {sorted(_BACKENDS)} or 'auto'")
-    return _BACKENDS[name]()
-
-
-__all__ = ["AttentionBackend", "AttentionMetadata", "StepLayout", "select_attention_backend"]
+__getattr__, __all__ = lazy_exports(__name__, {
+    "rapid_llm.ops.attention.backend": ("AttentionBackend", "AttentionMetadata", "StepLayout"),
+    "rapid_llm.ops.attention.registry": ("select_attention_backend",),
+})
