@@ -117,8 +117,8 @@ def test_training_resumes_to_identical_weights(tmp_path: pathlib.Path, held_out_
     a = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "o1", dtype=torch.float32).state_dict()
     b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "o2", dtype=torch.float32).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    other = train(dataclasses.replace(TINY, lr=1e-2), held_out_tokens, held_out_tokens[:200], tmp_path / "w3",
-                  tmp_path / "o3")
+    train(dataclasses.replace(TINY, lr=1e-2), held_out_tokens, held_out_tokens[:200], tmp_path / "w3",
+          tmp_path / "o3")
     c = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "o3", dtype=torch.float32).state_dict()
     assert not all(torch.equal(a[k], c[k]) for k in a)
 

@@ -133,7 +133,7 @@ def test_the_launcher_start_up_path_does_not_import_torch(tiny_checkpoint) -> No
         from rapid_llm.utils.tokenizer_loading import load_tokenizer
         args = ServerArgs(model=sys.argv[1])
         config = args.engine_config(sys.argv[1])
-        args.frontend_options()
+        args.frontend_options(config.sampling_defaults)
         load_tokenizer(config.tokenizer).apply_chat_template([{"role": "user", "content": "hi"}])
         print(config.summary()["device"], config.model.dtype_name, "torch" in sys.modules)
     """)
