@@ -13,6 +13,10 @@ import json
 import logging
 from pathlib import Path
 
+import msgspec
+
+from rapid_llm.sampling.params import SamplingParams, SamplingParamsError
+
 logger = logging.getLogger(__name__)
 
 # generation_config.json key -> SamplingParams field.
@@ -43,6 +47,12 @@ def generation_defaults(setting: str, model_dir: str) -> dict[str, float | int]:
                          "--generation-config vllm") from None
     defaults = {field: values[key] for key, field in _FIELDS.items()
                 if values.get(key) is not None and values[key] != _HF_DEFAULTS.get(key)}
+    try:
+        # Checked once here: a bad value would otherwise fail every request that leaves the field unset.
+        msgspec.convert(defaults, SamplingParams).validate()
+    except (msgspec.ValidationError, SamplingParamsError) as error:
+        raise ValueError(f"--generation-config: {path} holds an unusable sampling default ({error}); fix the "
+                         "file or pass --generation-config vllm") from None
     if defaults:
         logger.info("sampling defaults from %s for fields a request leaves unset: %s (to ignore them, pass "
                     "--generation-config vllm)", path, defaults)

@@ -21,7 +21,7 @@ import uvicorn
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port), not yet listening; ValueError naming the flag otherwise."""
+    """A TCP socket bound to (host, port) and listening; ValueError naming the flag otherwise."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     # Lets a restarted server take the port while the old one's connections sit in TIME_WAIT; a socket
@@ -29,6 +29,9 @@ def bind_listening_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listening at once reserves the port (a bound-only socket does not, with SO_REUSEADDR);
+        # connections wait in the backlog until uvicorn serves the socket.
+        sock.listen(socket.SOMAXCONN)
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:

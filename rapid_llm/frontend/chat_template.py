@@ -84,12 +84,15 @@ class ChatTemplate:
         except RenderTimeout:
             raise bad_request(f"the chat template did not finish rendering within {RENDER_TIMEOUT_S} s",
                               param="messages") from None
-        except (jinja2.TemplateError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError, AttributeError,
+                RecursionError) as exc:
             raise bad_request(f"the chat template could not render these messages: {exc}",
                               param="messages") from None
         finally:
             sys.settrace(None)
-        if not isinstance(text, str) or len(text) > MAX_RENDERED_CHARS:
+        if not isinstance(text, str):
+            raise bad_request("the chat template did not render to text", param="messages")
+        if len(text) > MAX_RENDERED_CHARS:
             raise bad_request(f"the chat template rendered more than {MAX_RENDERED_CHARS} characters",
                               param="messages")
         return text

@@ -99,12 +99,8 @@ async def _prompt_token_ids(serving: Serving, body: ChatCompletionRequest) -> li
 async def create_chat_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, ChatCompletionRequest)
     prompt_ids = await _prompt_token_ids(serving, body)
-    defaults = serving.options.sampling_defaults
-    requested = body.requested_max_tokens
-    max_tokens = serving.resolve_max_tokens(len(prompt_ids), requested, body.max_tokens_param, "messages")
-    if requested is None and "max_tokens" in defaults:
-        # The checkpoint's max_new_tokens caps the rest of the context (vLLM takes the smaller one).
-        max_tokens = min(max_tokens, defaults["max_tokens"])
-    params = body.sampling_params(max_tokens, defaults)
+    max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.requested_max_tokens, body.max_tokens_param,
+                                            "messages")
+    params = body.sampling_params(max_tokens, serving.options.sampling_defaults)
     fmt = ChatFormat(serving.token_strings, params.logprobs is not None)
     return await serving.respond(request, fmt, body, [(prompt_ids, params)])

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -32,6 +32,8 @@ from rapid_llm.ipc.messages import TextDelta
 from rapid_llm.sampling import ContextLengthError, SamplingParams, fit_max_tokens
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # JSON has no -inf; clients get the same floor vLLM uses.
 MIN_LOGPROB = -9999.0
@@ -89,6 +91,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     }
 
 
+def _checked_decode(raw: bytes, request_type: type[RequestT]) -> RequestT:
+    check_json_depth(raw)
+    return decode_request(raw, request_type)
+
+
 def longest_token_chars(tokenizer: Any) -> int:
     """The most characters one token can stand for: every vocabulary entry's length bounds its text
     (a byte-level BPE entry holds one character per byte, never fewer characters than it decodes to)."""
@@ -121,8 +128,8 @@ class Serving:
     async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
         self.check_engine()
         raw = await read_body(request, self.options.max_request_body_bytes)
-        check_json_depth(raw)
-        body = decode_request(raw, request_type)
+        # Measuring and decoding megabytes takes a while: a worker thread, off the event loop.
+        body = await asyncio.to_thread(_checked_decode, raw, request_type)
         check_model(body.model, self.engine.model_name)
         return body
 
@@ -158,10 +165,11 @@ class Serving:
             raise bad_request(f"{param} has token ids outside the vocabulary [0, {self.vocab_size})", param=param)
 
     def resolve_max_tokens(self, num_prompt_tokens: int, requested: int | None, param: str, prompt_param: str) -> int:
-        """`requested`, or the rest of the context when None; a 400 when it does not fit."""
+        """`requested`, or when None the rest of the context capped by the checkpoint's max_new_tokens
+        (--generation-config; vLLM takes the smaller); a 400 when it does not fit."""
         limit = self.engine.max_model_len
         try:
-            return fit_max_tokens(num_prompt_tokens, requested, limit)
+            max_tokens = fit_max_tokens(num_prompt_tokens, requested, limit)
         except ContextLengthError as error:
             if error.too_long == "empty":
                 raise bad_request(f"{prompt_param} must not be empty", param=prompt_param) from None
@@ -179,6 +187,9 @@ class Serving:
                 param=param,
                 code="context_length_exceeded",
             ) from None
+        if requested is None and "max_tokens" in self.options.sampling_defaults:
+            return min(max_tokens, self.options.sampling_defaults["max_tokens"])
+        return max_tokens
 
     async def respond(
         self,
@@ -201,8 +212,16 @@ class Serving:
         n = len(choices) // len(prompts)
         if body.stream:
             envelope["object"] = fmt.chunk_object_name
+            deltas = self._deltas(envelope["id"], choices, num_prompt_tokens, n)
+            # A refusal (bad parameters, a full queue) is the first delta: it gets its own status code
+            # (and Retry-After) only if it comes before the stream's 200 headers.
+            first = await run_unless_disconnected(anext(deltas), request.receive)
+            if first is None:
+                logger.info("%s: client disconnected, request aborted", envelope["id"])
+                return Response(status_code=_CLIENT_CLOSED_REQUEST)
             return EventStreamResponse(
-                self._stream(envelope, fmt, choices, num_prompt_tokens, n, body.include_usage))
+                self._stream(envelope, fmt, first, deltas, len(choices), num_prompt_tokens, n, body.include_usage),
+                close=deltas.aclose)
         outputs = await run_unless_disconnected(self._collect(envelope["id"], choices, num_prompt_tokens, n),
                                                 request.receive)
         if outputs is None:
@@ -238,20 +257,21 @@ class Serving:
         self,
         envelope: dict[str, Any],
         fmt: ResponseFormat,
-        choices: list[tuple[list[int], SamplingParams]],
+        first: tuple[int, TextDelta],
+        deltas: AsyncIterator[tuple[int, TextDelta]],
+        num_choices: int,
         num_prompt_tokens: int,
         n: int,
         include_usage: bool,
     ) -> AsyncIterator[bytes]:
-        num_choices = len(choices)
         # Tokens whose text the detokenizer still holds back wait here, so that no chunk is empty.
         pending = [ChoiceOutput() for _ in range(num_choices)]
         opened = [False] * num_choices
         cached = [0] * num_choices
         completion_tokens = 0
         try:
-            async with aclosing(self._deltas(envelope["id"], choices, num_prompt_tokens, n)) as deltas:
-                async for index, delta in deltas:
+            async with aclosing(deltas):
+                async for index, delta in _prepend(first, deltas):
                     completion_tokens += len(delta.token_ids)
                     cached[index] = max(cached[index], delta.num_cached_tokens)
                     output = pending[index]
@@ -299,6 +319,13 @@ class Serving:
             for generator in generators:
                 await generator.aclose()  # type: ignore[attr-defined]  # engine iterators are async generators
             tracker.close()
+
+
+async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`first`, then the items of `rest` (which the caller closes)."""
+    yield first
+    async for item in rest:
+        yield item
 
 
 async def _merge(generators: list[AsyncIterator[TextDelta]]) -> AsyncIterator[tuple[int, TextDelta]]:

@@ -16,6 +16,10 @@ from rapid_llm.frontend.errors import bad_request
 from rapid_llm.frontend.protocol import CompletionRequest
 from rapid_llm.frontend.serving_common import Serving, TokenStrings, clamp_logprob
 from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.sampling.params import MAX_N
+
+# Each choice is its own engine request (and frontend task): one body of tiny prompts must not start millions.
+MAX_CHOICES = 1024
 
 
 class CompletionFormat:
@@ -73,14 +77,19 @@ class CompletionFormat:
         }
 
 
-async def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int]]) -> list[list[int]]:
-    """One prompt (text or token ids) or a batch of them (texts or token-id lists), as token ids."""
+async def _prompts_token_ids(serving: Serving, prompt: str | list[int | str | list[int]], n: int) -> list[list[int]]:
+    """One prompt (text or token ids) or a batch of them (texts or token-id lists), as token ids; the
+    batch size times `n` is checked before anything is tokenized."""
     if isinstance(prompt, str) or (prompt and all(isinstance(item, int) for item in prompt)):
         prompts: list[str | list[int]] = [prompt]  # type: ignore[list-item]  # one prompt
     elif prompt and all(isinstance(item, (str, list)) for item in prompt):
         prompts = prompt  # type: ignore[assignment]  # a batch: strings or token-id lists
     else:
         raise bad_request("prompt must be a string, a list of token ids, or a list of either", param="prompt")
+    # An n beyond MAX_N is refused (naming n) by the sampling-params check that follows.
+    if len(prompts) * min(n, MAX_N) > MAX_CHOICES:
+        raise bad_request(f"a request may ask for at most {MAX_CHOICES} choices (prompts x n), got "
+                          f"{len(prompts)} x {n}", param="prompt")
     token_id_lists = []
     for item in prompts:
         if isinstance(item, str):
@@ -98,7 +107,7 @@ async def create_completion(serving: Serving, request: Request) -> Response:
     if body.echo:
         raise bad_request("echo is not supported", param="echo")
     prompts = []
-    for prompt_ids in await _prompts_token_ids(serving, body.prompt):
+    for prompt_ids in await _prompts_token_ids(serving, body.prompt, body.n):
         max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
         prompts.append((prompt_ids, body.sampling_params(max_tokens, serving.options.sampling_defaults)))
     fmt = CompletionFormat(serving.token_strings, prompts[0][1].logprobs is not None)

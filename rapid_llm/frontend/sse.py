@@ -9,7 +9,7 @@ an abandoned request stops using the engine even while it produces no output to 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -49,8 +49,10 @@ class EventStreamResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`close` runs when the response ends, even if `events` never started (client gone at once)."""
         self.events = events
+        self.close = close
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", "content-type": "text/event-stream; charset=utf-8"})
@@ -70,3 +72,5 @@ class EventStreamResponse(Response):
             aclose = getattr(self.events, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self.close is not None:
+                await self.close()

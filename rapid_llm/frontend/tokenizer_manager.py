@@ -144,6 +144,7 @@ class TokenizerManager:
         if not self._engine_alive():
             return False
         stats = self._stats
-        if stats is None or not (stats.num_running or stats.num_waiting):
+        # Without requests of its own waiting here, stale stats (a dropped snapshot) prove no stall.
+        if not self._queues or stats is None or not (stats.num_running or stats.num_waiting):
             return True
         return time.monotonic() - self._stats_time <= self.watchdog_timeout

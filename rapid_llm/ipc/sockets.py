@@ -89,12 +89,14 @@ class Sender:
     def send(self, message: Any) -> None:
         self.socket.send(self._encoder.encode(message), copy=False)
 
-    def send_if_room(self, message: Any) -> None:
-        """Send unless the peer's queue is full (or nobody listens); for snapshots that may be dropped."""
+    def send_if_room(self, message: Any) -> bool:
+        """Send unless the peer's queue is full (or nobody listens); for snapshots that may be dropped.
+        True when it was sent."""
         try:
             self.socket.send(self._encoder.encode(message), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            pass
+            return False
+        return True
 
     def send_bytes(self, payload: bytes) -> None:
         self.socket.send(payload, copy=False)

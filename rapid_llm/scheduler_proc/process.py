@@ -125,8 +125,9 @@ class SchedulerLoop:
             self.detokenizer.send(outputs)
         stats = self.scheduler.stats()
         if stats != self._last_stats:
-            self.frontend.send_if_room(stats)
-            self._last_stats = stats
+            # A dropped snapshot stays unpublished, so the next pass through the loop sends it again.
+            if self.frontend.send_if_room(stats):
+                self._last_stats = stats
             self._throughput.maybe_log(stats)
 
     def shutdown_workers(self) -> None:

@@ -72,3 +72,19 @@ async def test_chat_without_max_tokens_uses_max_new_tokens_capped_by_the_context
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         num_prompt_tokens = len(engine.requests[-1][1])
         assert engine.requests[-1][2].max_tokens == 128 - num_prompt_tokens
+
+
+@pytest.mark.parametrize("values", [{"top_p": 0}, {"temperature": -1.0}, {"max_new_tokens": 0},
+                                    {"temperature": "0.7"}])
+def test_unusable_defaults_are_refused_at_start_up(tmp_path, values) -> None:
+    write_generation_config(tmp_path, **values)
+    with pytest.raises(ValueError, match="^--generation-config: .* holds an unusable sampling default"):
+        generation_defaults("auto", str(tmp_path))
+
+
+async def test_completions_without_max_tokens_also_take_max_new_tokens(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=128)
+    async with http_client(build_app(engine, FrontendOptions(sampling_defaults={"max_tokens": 20}))) as http:
+        response = await http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": None})
+        assert response.status_code == 200, response.text
+        assert engine.requests[-1][2].max_tokens == 20

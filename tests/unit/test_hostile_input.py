@@ -186,3 +186,14 @@ async def test_internal_errors_do_not_leak_exception_text(client: httpx.AsyncCli
     for text in (plain.text, streamed.text):
         assert "fake engine failed" not in text and "RuntimeError" not in text
     assert '"InternalServerError"' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+
+
+async def test_a_batch_cannot_fan_out_into_unbounded_engine_requests(client: httpx.AsyncClient,
+                                                                     engine: FakeEngine) -> None:
+    num_engine_requests = len(engine.requests)
+    for prompt, n in (([[1]] * 1025, 1), ([[1]] * 9, 128), (["Hi"] * 100_000, 1)):
+        response = await client.post("/v1/completions", json={"prompt": prompt, "n": n, "max_tokens": 1})
+        assert "at most 1024 choices" in assert_error(response, 400, "prompt")
+    assert len(engine.requests) == num_engine_requests
+    response = await client.post("/v1/completions", json={"prompt": [[1]] * 8, "n": 128, "max_tokens": 1})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1024
