@@ -123,7 +123,7 @@ def _serve(args: ServerArgs, started: float) -> int:
         if exit_code != 0:
             died.append(name)
         for loop in loops:
-            loop.call_soon_threadsafe(manager.fail_all, f"the {name} process {how}")
+            loop.call_soon_threadsafe(manager.fail_all, f"the engine stopped: the {name} process {how}")
         server.should_exit = True
 
     engine.watch(on_child_exit)

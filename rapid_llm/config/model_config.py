@@ -27,8 +27,9 @@ _REQUIRED_JSON_FIELDS = ("vocab_size", "max_position_embeddings")
 
 
 def rope_parameters(hf_config: PretrainedConfig) -> dict[str, Any]:
-    """A copy of the flat rope dict as transformers 5.x sees it, or built from `rope_scaling` + `rope_theta`
-    on 4.x; `hf_config` is only read (5.x standardizes its rope parameters when the config is built)."""
+    """A copy of the flat rope dict as transformers 5 sees it (or built from `rope_scaling` + `rope_theta`
+    where a config has no `rope_parameters`); `hf_config` is only read (transformers 5 standardizes its
+    rope parameters when the config is built)."""
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})

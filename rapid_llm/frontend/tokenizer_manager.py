@@ -93,10 +93,11 @@ class TokenizerManager:
             if future is not None and not future.done():
                 future.set_result(message.flushed)
 
-    def fail_all(self, reason: str) -> None:
-        """An engine process died: end every waiting request and flush with a 503 instead of leaving
-        them to wait forever (called on the event loop by the launcher's watcher)."""
-        self._engine_failure = OpenAIError(503, f"the engine stopped: {reason}")
+    def fail_all(self, message: str) -> None:
+        """End every waiting request and flush with a 503 saying `message`, instead of leaving them to
+        wait forever: an engine process died, or the shutdown grace period is over (called on the
+        event loop by the launcher)."""
+        self._engine_failure = OpenAIError(503, message)
         for queue in self._queues.values():
             queue.put_nowait(self._engine_failure)
         for future in self._flushes.values():

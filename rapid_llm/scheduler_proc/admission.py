@@ -13,6 +13,11 @@ from rapid_llm.sampling.context_length import ContextLengthError, check_prompt_l
 from rapid_llm.sampling.params import SamplingParamsError
 
 
+class DuplicateRequestId(ValueError):
+    """A request arrived under an id that a live request holds; it is dropped, not answered (an answer
+    under that id would end the live request)."""
+
+
 class RequestRejected(ValueError):
     """The scheduler refuses this request; it ends with finish_reason "abort" and this message."""
 

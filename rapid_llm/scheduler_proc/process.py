@@ -35,7 +35,7 @@ from rapid_llm.ipc.messages import (
     WorkerToScheduler,
 )
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
-from rapid_llm.scheduler_proc.admission import RequestRejected
+from rapid_llm.scheduler_proc.admission import DuplicateRequestId, RequestRejected
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.scheduler_proc.watchdog import StepWatchdog
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
@@ -102,8 +102,7 @@ class SchedulerLoop:
                     logger.warning("rejected request %s: %s", message.request_id, error)
                     self.detokenizer.send(TokenBatch(updates=[TokenUpdate(
                         message.request_id, [], finish_reason="abort", error=str(error), error_kind=error.kind)]))
-                except ValueError as error:
-                    # Its id is in use: an update under that id would end the live request instead.
+                except DuplicateRequestId as error:
                     logger.warning("ignored request %s: %s", message.request_id, error)
             elif isinstance(message, AbortRequest):
                 self.scheduler.abort_request(message.request_id)

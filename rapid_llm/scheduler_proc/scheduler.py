@@ -25,7 +25,7 @@ from rapid_llm.ipc.messages import (
     StepResult,
     TokenBatch,
 )
-from rapid_llm.scheduler_proc.admission import check_admissible
+from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 
@@ -78,9 +78,9 @@ class Scheduler:
     # ---- requests in -------------------------------------------------------------------------
 
     def add_request(self, request: GenerateRequest) -> None:
-        """Queue a new request; `RequestRejected` if it is refused, ValueError if its id is in use."""
+        """Queue a new request; `RequestRejected` if it is refused, `DuplicateRequestId` if its id is in use."""
         if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use")
+            raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
         check_admissible(request, self.config, len(self._waiting))
         state = RequestState(request, self.config.max_model_len, self.config.block_size)
         self._requests[request.request_id] = state

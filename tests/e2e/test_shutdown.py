@@ -36,7 +36,7 @@ def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(server
 
     assert short_response.status_code == 200 and short_response.json()["usage"]["completion_tokens"] == 8
     assert plain_response.status_code == 503
-    assert plain_response.json()["error"]["message"] == "the engine stopped: the server is shutting down"
+    assert plain_response.json()["error"]["message"] == "the server is shutting down"
     frames = stream_response.text.split("\n\n")
     assert frames[-2:] == ["data: [DONE]", ""]
     assert "shutting down" in json.loads(frames[-3][len("data: "):])["error"]["message"]
