@@ -49,10 +49,11 @@ def test_processes_are_named_for_ps(checkpoint) -> None:
     assert {"rapid_llm::frontend", "rapid_llm::scheduler", "rapid_llm::detokenizer", "rapid_llm::worker0"} <= titles
 
 
-def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(checkpoint) -> None:
-    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(server_checkpoint) -> None:
+    server = ServerProcess("--model", str(server_checkpoint), "--num-kv-blocks", "256", "--log-level", "warning")
     children = child_pids(server.process.pid)
-    body = {"prompt": "keep going", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    # Long enough to be still streaming after a second even on an idle machine (400 tokens were not).
+    body = {"prompt": "keep going", "max_tokens": 1900, "ignore_eos": True, "stream": True}
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
         time.sleep(1.0)
