@@ -137,6 +137,8 @@ class EngineProcesses:
                 continue
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
+                logger.warning("the %s process did not stop within %.0f s of SIGTERM; killing it", process.name,
+                               STOP_TIMEOUT_S)
                 process.kill()
                 process.join()
         self.paths.remove()

@@ -50,7 +50,9 @@ def test_processes_are_named_for_ps(checkpoint) -> None:
 
 
 def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(server_checkpoint) -> None:
-    server = ServerProcess("--model", str(server_checkpoint), "--num-kv-blocks", "256", "--log-level", "warning")
+    # A grace period far longer than the bound below: Ctrl-C must not wait for it.
+    server = ServerProcess("--model", str(server_checkpoint), "--num-kv-blocks", "256", "--log-level", "warning",
+                           "--shutdown-timeout", "30")
     children = child_pids(server.process.pid)
     # Long enough to be still streaming after a second even on an idle machine (400 tokens were not).
     body = {"prompt": "keep going", "max_tokens": 1900, "ignore_eos": True, "stream": True}
@@ -61,7 +63,8 @@ def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(server_checkpoint) ->
         assert server.stop(signal.SIGINT) == 0
         stopped_after = time.monotonic() - started
         assert "the server is shutting down" in pending.result().text
-    assert stopped_after < 4, f"Ctrl-C took {stopped_after:.1f} s"
+    # Idle, it takes about 1 s; the bound leaves room for a busy CI machine (one run took 5.4 s).
+    assert stopped_after < 8, f"Ctrl-C took {stopped_after:.1f} s; server log:\n{server.log()}"
     assert wait_gone(children) == []
     assert socket_dirs(server.process.pid) == []
     assert "Traceback" not in server.log() and "CancelledError" not in server.log()

@@ -40,7 +40,7 @@ def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(server
     frames = stream_response.text.split("\n\n")
     assert frames[-2:] == ["data: [DONE]", ""]
     assert "shutting down" in json.loads(frames[-3][len("data: "):])["error"]["message"]
-    assert GRACE_S - 0.5 < stopped_after < GRACE_S + 5
+    assert GRACE_S - 0.5 < stopped_after < GRACE_S + 8, f"took {stopped_after:.1f} s; log:\n{server.log()}"
     assert wait_gone(children) == []
     assert socket_dirs(server.process.pid) == []
     assert "Traceback" not in server.log()
