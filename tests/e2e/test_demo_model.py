@@ -22,7 +22,8 @@ import httpx
 import pytest
 import torch
 
-from rapid_llm.utils.demo_checkpoint import DEMO_MODELS, demo_model_dir
+from rapid_llm.server_args import ServerArgs
+from rapid_llm.utils.demo_checkpoint import DEMO_MODELS, demo_model_dir, model_dir_or_demo
 from tests.e2e.server import ServerProcess
 
 HELD_OUT = Path(__file__).resolve().parents[2] / "tools" / "demo_model" / "data" / "held_out.txt"
@@ -97,6 +98,17 @@ def test_plausibility_check_rejects_what_is_not_a_method_body() -> None:
     assert not plausible("class A:\n    def f(self):\n        return self.x", "f")
     assert plausible("class A:\n    def f(self, a, a):\n        return a\n", "f")
     assert not plausible("class A:\n    def f(self, a, a):\n        return a\n", "f", compiles=True)
+
+
+def test_demo_names_resolve_to_the_packaged_folders_unless_a_path_has_that_name(tmp_path, monkeypatch) -> None:
+    target = str(demo_model_dir("demo-target"))
+    assert model_dir_or_demo(None) == model_dir_or_demo("demo") == target
+    assert model_dir_or_demo("demo-draft") == str(demo_model_dir("demo-draft"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    assert model_dir_or_demo("demo") == "demo"
+    assert ServerArgs(model="demo").engine_config(target).served_model_name == "demo-target"
+    assert ServerArgs(served_model_name="mine").engine_config(target).served_model_name == "mine"
 
 
 @pytest.mark.parametrize("name", sorted(DEMO_MODELS))
