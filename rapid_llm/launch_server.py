@@ -100,7 +100,7 @@ def _serve(args: ServerArgs, started: float) -> int:
         return 1
 
     server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
-                   "version": rapid_llm.__version__}
+                   "ops": engine.info["worker0"]["ops"], "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
                                config.model.max_model_len, config.model.vocab_size, engine.is_alive,
                                config.scheduler.enable_prefix_caching, server_info,

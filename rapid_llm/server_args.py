@@ -2,7 +2,7 @@
 
 The offline `LLM` class takes the same fields as keyword arguments, so both entry points
 share one set of names, defaults and error messages. Every check that needs no weights (paths,
-tokenizer files, architecture, attention backend, port) runs here, before any child starts, and
+tokenizer files, architecture, op backends, port) runs here, before any child starts, and
 fails with one line naming the flag and the fix; so does a command-line syntax error.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -60,7 +61,12 @@ class ServerArgs:
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype (auto = model dtype)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
-    attention_backend: str = field(default="auto", metadata={"help": "Attention backend (auto or torch)."})
+    attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
+                                   "auto lets the op registry choose."})
+    op_backend: str | None = field(default=None, metadata={"help": "Pin ops to implementations, e.g. "
+                                   "attention=torch_ref,rms_norm=torch_ref (default: the registry chooses by "
+                                   "priority and conditions; RAPID_LLM_OP_BACKEND, same syntax, applies to ops "
+                                   "this flag leaves out)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom code in the checkpoint."})
     generation_config: str = field(default="auto", metadata={"help": "Sampling defaults for fields a request "
                                    "leaves unset: auto (the model's generation_config.json), vllm (none) or a "
@@ -155,10 +161,9 @@ class ServerArgs:
         from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.models.registry import check_supported
-        from rapid_llm.ops.attention.registry import check_attention_backend
         from rapid_llm.utils.demo_checkpoint import packaged_demo_name
 
-        check_attention_backend(self.attention_backend)
+        op_backends = self.op_backends()
         device = DeviceConfig(self.device)
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code)
         check_supported(model.architecture)
@@ -189,10 +194,27 @@ class ServerArgs:
             scheduler=scheduler,
             tokenizer=self.tokenizer or model_dir,
             served_model_name=self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir,
-            attention_backend=self.attention_backend,
+            op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
         )
+
+
+    def op_backends(self) -> dict[str, str]:
+        """The op -> backend overrides: RAPID_LLM_OP_BACKEND, then --op-backend and --attention-backend
+        over it; names are checked against the op catalog (torch-free)."""
+        from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, parse_op_backends
+
+        flags = parse_op_backends(self.op_backend)
+        REGISTRY.check_overrides(flags)
+        if self.attention_backend != "auto":
+            REGISTRY.check_overrides({"attention": self.attention_backend}, "--attention-backend")
+            if flags.setdefault("attention", self.attention_backend) != self.attention_backend:
+                raise ValueError(f"--attention-backend {self.attention_backend} contradicts --op-backend "
+                                 f"attention={flags['attention']}; give one")
+        from_env = parse_op_backends(os.environ.get(OP_BACKEND_ENV), OP_BACKEND_ENV)
+        REGISTRY.check_overrides(from_env, OP_BACKEND_ENV)
+        return {**from_env, **flags}
 
 
 def _with_default(help_text: str, default: object) -> str:

@@ -19,7 +19,8 @@ class EngineConfig:
     scheduler: SchedulerConfig
     tokenizer: str
     served_model_name: str
-    attention_backend: str = "auto"
+    # op -> backend pinned by --op-backend / --attention-backend / RAPID_LLM_OP_BACKEND (checked names).
+    op_backends: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
     # SamplingParams field -> value from --generation-config, for fields a request leaves unset.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
@@ -33,7 +34,7 @@ class EngineConfig:
             "dtype": self.model.dtype_name,
             "max_model_len": self.model.max_model_len,
             "device": self.device.type,
-            "attention_backend": self.attention_backend,
+            "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,
             "max_num_seqs": self.scheduler.max_num_seqs,

@@ -1,15 +1,15 @@
-"""Gated activations for the MLP: the merged gate_up output is split and combined in one place."""
+"""Gated activations for the MLP, computed through the op registry (`silu_and_mul`)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from rapid_llm import ops
 
 
 class SiluAndMul(nn.Module):
     """silu(gate) * up, where the input is [..., 2 * intermediate] = [gate | up]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return ops.silu_and_mul(x)

@@ -1,7 +1,7 @@
 """The attention layer models use: reshapes heads and delegates to the bound backend.
 
-The worker binds each layer to its KV-cache tensor and the chosen backend after the model is
-built, so model code never sees cache layout or backend choice and the batch metadata is
+The worker binds each layer to its KV-cache tensor and the attention backend the op registry
+selected (the "attention" op) after the model is built, so model code never sees cache layout or backend choice and the batch metadata is
 passed in as an argument (no global forward context).
 """
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
 from rapid_llm.layers.weight_utils import copy_weight
 
@@ -45,5 +46,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (float32 is left to the sampler)."""
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = tp_all_gather(F.linear(hidden_states, self.weight), dim=-1)
+        logits = tp_all_gather(ops.linear(hidden_states, self.weight), dim=-1)
         return logits[..., : self.vocab_size]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader
 
@@ -40,7 +40,7 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -115,5 +115,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Bias after the reduce, so it is added once rather than once per rank.
-        output = tp_all_reduce(F.linear(x, self.weight))
+        output = tp_all_reduce(ops.linear(x, self.weight))
         return output + self.bias if self.bias is not None else output

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rapid_llm import ops
 from rapid_llm.config.model_config import derived_max_model_len, rope_parameters
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -167,15 +168,7 @@ class RotaryEmbedding(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, H*D] or [T, H, D] and k (same with KV heads) with precomputed `cos_sin`
         (shared by every layer of one forward)."""
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        heads = x.reshape(x.shape[0], -1, self.head_dim)
-        half = self.rotary_dim // 2
-        x1, x2 = heads[..., :half], heads[..., half : self.rotary_dim]
-        # Equals HF's x*cos + rotate_half(x)*sin op for op in x.dtype, without materialising rotate_half.
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, heads[..., self.rotary_dim :]), dim=-1)
-        return rotated.reshape(x.shape)
+        return ops.rotary_embedding(query, key, cos, sin, self.head_dim, self.rotary_dim)
 
 
 def get_rope(config: Any, head_dim: int, device: torch.device | None = None) -> RotaryEmbedding:

@@ -1,1 +1,19 @@
-"""Compute kernels behind small registries: a pure-torch reference for each op, faster ones later."""
+"""The op layer: layers call ops by name (`ops.rms_norm(x, weight, eps)`) and the registry dispatches.
+
+Implementations are registered in `catalog.py` (imported here, torch-free); each name below is the
+registry's dispatcher for that op. Attention is the exception: the worker selects its backend once
+(`REGISTRY.select("attention", ...)`) because it also builds per-step metadata.
+"""
+
+from rapid_llm.ops import catalog  # registers the built-in implementations
+from rapid_llm.ops.registry import REGISTRY
+
+rms_norm = REGISTRY.op("rms_norm")
+fused_add_rms_norm = REGISTRY.op("fused_add_rms_norm")
+silu_and_mul = REGISTRY.op("silu_and_mul")
+rotary_embedding = REGISTRY.op("rotary_embedding")
+linear = REGISTRY.op("linear")
+kv_cache_store = REGISTRY.op("kv_cache_store")
+
+__all__ = ["REGISTRY", "catalog", "fused_add_rms_norm", "kv_cache_store", "linear", "rms_norm", "rotary_embedding",
+           "silu_and_mul"]

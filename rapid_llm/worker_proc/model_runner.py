@@ -25,7 +25,8 @@ from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
 from rapid_llm.model_loader import load_model
-from rapid_llm.ops.attention import StepLayout, select_attention_backend
+from rapid_llm.ops.attention import StepLayout
+from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers, clear_blocks
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
@@ -75,22 +76,27 @@ class ModelRunner:
         model_config: ModelConfig,
         cache_config: CacheConfig,
         device_config: DeviceConfig | None = None,
-        attention_backend: str = "auto",
+        op_backends: dict[str, str] | None = None,
         max_num_seqs: int = 256,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
         self.device = (device_config or DeviceConfig()).torch_device
+        # Before the model is built: overrides reset every op's cached choice.
+        REGISTRY.set_overrides(op_backends or {})
+        self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
+        for name, choice in self.op_choices.items():
+            logger.info("op %s: %s (%s)", name, choice["backend"], choice["reason"])
         start = time.perf_counter()
         self.model = load_model(model_config, self.device)
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("weights: %.2f GiB (%s) on %s in %.2f s", weight_bytes / 2**30, model_config.dtype,
                     self.device, time.perf_counter() - start)
-        self.backend = select_attention_backend(attention_backend)
+        self.backend = REGISTRY.select("attention", self.device, model_config.dtype_name).fn
         self.num_blocks = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
         self._attention_layers = attention_layers(self.model)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens (attention backend: %s)", self.num_blocks,
-                    cache_config.block_size, self.num_blocks * cache_config.block_size, self.backend.name)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_blocks, cache_config.block_size,
+                    self.num_blocks * cache_config.block_size)
         self.sampler = Sampler()
         # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
         self.token_pool = torch.zeros(max_num_seqs, model_config.max_model_len + 1, dtype=torch.int32,

@@ -29,14 +29,14 @@ logger = logging.getLogger(__name__)
 def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connection) -> None:
     configure_child(config.log_level)
     try:
-        runner = ModelRunner(config.model, config.cache, config.device, config.attention_backend,
+        runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                              max_num_seqs=config.scheduler.max_num_seqs)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
-        report_ready(ready, {"num_kv_blocks": runner.num_blocks})
+        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "ops": runner.op_choices})
     except Exception as error:
         report_failure(ready, error)
         sys.exit(1)

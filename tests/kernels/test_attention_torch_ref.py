@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapid_llm.ops.attention import StepLayout, select_attention_backend
+from rapid_llm.ops.attention import StepLayout
+from rapid_llm.ops.registry import REGISTRY
 
 
 def _naive(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context_len: int, scale: float,
@@ -27,7 +28,7 @@ def _naive(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, contex
 def test_mixed_batch_matches_naive_attention(window: int | None) -> None:
     torch.manual_seed(0)
     block_size, heads, kv_heads, head_dim, num_blocks = 3, 4, 2, 8, 40
-    backend = select_attention_backend("torch")
+    backend = REGISTRY.select("attention", "cpu", "float32").fn
     kv_cache = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim)
     # (context already cached, new tokens): a decode, a fresh prefill, a chunk after cached tokens.
     shapes = [(9, 1), (0, 7), (5, 4), (12, 1)]
@@ -57,14 +58,10 @@ def test_mixed_batch_matches_naive_attention(window: int | None) -> None:
 
 
 def test_metadata_positions_and_slots() -> None:
-    backend = select_attention_backend("torch")
+    backend = REGISTRY.select("attention", "cpu", "float32").fn
     layout = StepLayout(query_lens=[2, 1], seq_lens=[5, 4], block_tables=[[7, 2], [4, 9]], block_size=3)
     metadata = backend.build_metadata(layout, torch.device("cpu"))
     assert metadata.positions.tolist() == [3, 4, 3]
     # position 3 -> block index 1, offset 0; position 4 -> offset 1
     assert metadata.slot_mapping.tolist() == [2 * 3 + 0, 2 * 3 + 1, 9 * 3 + 0]
 
-
-def test_unknown_backend_is_named() -> None:
-    with pytest.raises(ValueError, match="--attention-backend 'magic'"):
-        select_attention_backend("magic")

@@ -1,7 +1,7 @@
-"""Attention backends, chosen by name (`registry.py`); the pure-torch reference works everywhere.
+"""Attention backends, registered as implementations of the "attention" op (`rapid_llm/ops/catalog.py`).
 
-Exports resolve lazily, so `rapid_llm.ops.attention.registry` can check a backend name in the
-launcher without importing torch.
+Exports resolve lazily, so importing the package (the launcher does, through the op catalog) does not
+import torch.
 """
 
 from __future__ import annotations
@@ -10,5 +10,4 @@ from rapid_llm.utils.lazy_exports import lazy_exports
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "rapid_llm.ops.attention.backend": ("AttentionBackend", "AttentionMetadata", "StepLayout"),
-    "rapid_llm.ops.attention.registry": ("select_attention_backend",),
 })

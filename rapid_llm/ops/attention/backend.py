@@ -48,8 +48,6 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Computes causal attention over a paged KV cache for one mixed batch."""
 
-    name: str
-
     @abstractmethod
     def build_metadata(self, layout: StepLayout, device: torch.device) -> AttentionMetadata:
         """Turn the host-side layout into device tensors, once per step."""
@@ -74,7 +72,7 @@ class AttentionBackend(ABC):
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter new K/V rows into their cache slots (shared by every backend that uses this layout)."""
+    """Scatter new K/V rows into their cache slots: the torch_ref `kv_cache_store` op, for this cache layout."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))

@@ -14,13 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from rapid_llm.ops.attention.backend import (
-    AttentionBackend,
-    AttentionMetadata,
-    StepLayout,
-    build_common_metadata,
-    write_kv_cache,
-)
+from rapid_llm import ops
+from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
 
 
 @dataclass
@@ -83,8 +78,6 @@ def _build_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_size: i
 
 
 class TorchReferenceBackend(AttentionBackend):
-    name = "torch"
-
     def build_metadata(self, layout: StepLayout, device: torch.device) -> TorchAttentionMetadata:
         common = build_common_metadata(layout, device)
         is_decode = torch.tensor([q == 1 for q in layout.query_lens], dtype=torch.bool, device=device)
@@ -105,7 +98,7 @@ class TorchReferenceBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = key.shape[1]
         output = torch.empty_like(query)
@@ -134,3 +127,6 @@ class TorchReferenceBackend(AttentionBackend):
             flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
             output[group.token_index] = flat[group.padded_index].to(query.dtype)
         return output
+
+
+TORCH_REF_BACKEND = TorchReferenceBackend()  # stateless: one instance serves every layer and step

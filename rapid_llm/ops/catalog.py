@@ -1,0 +1,24 @@
+"""Every built-in op implementation, registered by name with its kernel as a "module:function" string.
+
+Kept free of torch so the launcher can check --op-backend against it; a kernel's module is imported
+only when dispatch first picks it. Adding an implementation = its file + one register_op call here.
+torch_ref is the always-available reference (the correctness oracle) of every op.
+"""
+
+from __future__ import annotations
+
+from rapid_llm.ops.registry import register_op
+
+REFERENCE = "torch_ref"
+
+register_op(name="rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:rms_norm")
+register_op(name="rms_norm", backend="torch_fused", fn="rapid_llm.ops.rms_norm_fused:rms_norm", priority=-10,
+            conditions={"dtype": ["fp32"]})
+register_op(name="fused_add_rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:fused_add_rms_norm")
+register_op(name="silu_and_mul", backend=REFERENCE, fn="rapid_llm.ops.activation:silu_and_mul")
+register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary:rotary_embedding")
+register_op(name="linear", backend=REFERENCE, fn="torch.nn.functional:linear")
+register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
+# Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
+# layer): the worker selects it once for the model's device and dtype and binds it to every layer.
+register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
