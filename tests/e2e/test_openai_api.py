@@ -152,6 +152,7 @@ def test_models_health_version(server) -> None:
     assert info["num_kv_blocks"] == 256 and info["served_model_name"] == "tiny"
     assert info["dtype"] == "float32" and info["device"] in ("cpu", "cuda")
     assert info["max_model_len"] == SERVER_MAX_MODEL_LEN and info["async_scheduling"] is True
+    assert info["ops"]["attention"]["backend"] == "torch_ref" and info["ops"]["rms_norm"]["reason"]
 
 
 def test_the_http_process_never_loads_torch(server) -> None:
