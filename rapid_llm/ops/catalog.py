@@ -18,6 +18,10 @@ register_op(name="fused_add_rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm
 register_op(name="silu_and_mul", backend=REFERENCE, fn="rapid_llm.ops.activation:silu_and_mul")
 register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary:rotary_embedding")
 register_op(name="linear", backend=REFERENCE, fn="torch.nn.functional:linear")
+# Chosen exactly when the layer keeps an fp32 weight for lower-precision activations (see cpu_half.py).
+register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:linear", priority=10,
+            conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
+                        "predicate": lambda x, weight, *bias: weight.dtype != x.dtype})
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.

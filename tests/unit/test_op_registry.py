@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from rapid_llm import ops
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
@@ -256,3 +257,20 @@ def test_implementation_matches_torch_ref(op: str, backend: str, dtype: str, tok
     for got, want in zip(actual, expected):
         assert got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("tokens", [1, 33])
+def test_cpu_fp32_linear_takes_fp32_weights_and_matches_the_reference(dtype: str, tokens: int) -> None:
+    """Chosen by dispatch exactly when the weight is fp32 and the activations are not; its result is the
+    reference's (half inputs, fp32 accumulation, one rounding) up to summation order."""
+    half = dtype_from_name(dtype)
+    torch.manual_seed(tokens)
+    x, weight, bias = OP_INPUTS["linear"](tokens, half)
+    expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(half)
+    actual = ops.linear(x, weight.float(), bias)
+    assert actual.dtype == half
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert ops.linear(x, weight, bias).dtype == half  # same-dtype weights keep the reference
+    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": True}).backend == "cpu_fp32"
+    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": False}).backend == "torch_ref"
