@@ -5,9 +5,10 @@
     python benchmarks/bench_accuracy.py --export-jsonl docs.jsonl   # the same documents, for lm-eval
 
 Key design choice: both backends get token ids built here (benchmarks/common/accuracy.py: BOS + text,
-non-overlapping windows of --window scored tokens), so a server and transformers score identical
-sequences. The server is asked for vLLM's ``prompt_logprobs`` (rank 1 = argmax) and, failing that,
-for the legacy ``echo`` + ``logprobs`` layout; next-line completions are greedy, cut client-side.
+windows of --window scored tokens as lm-eval's rolling loglikelihood makes them), so a server and
+transformers score identical sequences. The server is asked for vLLM's ``prompt_logprobs`` (rank 1 =
+argmax) and, failing that, for the legacy ``echo`` + ``logprobs`` layout; next-line completions are
+greedy and cut client-side.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _score_documents(backend: Backend, tokens: list[list[int]], bos: int, window: int) -> tuple[list[WindowScore], float]:
     start = time.perf_counter()
-    scores = [backend.score(w) for doc in tokens for w in windows(doc, bos, window)]
+    scores = [backend.score(w).last(n) for doc in tokens for w, n in windows(doc, bos, window)]
     return scores, time.perf_counter() - start
 
 

@@ -4,8 +4,9 @@ Key design choice: everything a backend sees is token ids built here, so every b
 very same sequences. A document is ``[BOS] + tokens(text)`` (no EOS: lm-eval's
 ``loglikelihood_rolling`` does not score one either), cut into windows of ``window + 1`` tokens that
 overlap by one: the first token of each window is context only and was scored as the last token of
-the window before, so every document token is scored exactly once, with up to ``window`` tokens of
-context. These are exactly lm-eval's rolling windows with ``max_length=window`` and BOS as prefix.
+the window before, so every document token is scored exactly once. A document's last window is
+extended to the left to full length and scores only its new tokens. These are exactly lm-eval's
+rolling windows (``max_length=window`` for its hf model, ``window + 2`` for its API models).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class WindowScore:
     logprobs: list[float]
     top1: list[bool]
     argmax: list[int] | None
+
+    def last(self, count: int) -> WindowScore:
+        """The scores of the last ``count`` tokens only."""
+        return WindowScore(self.logprobs[-count:], self.top1[-count:],
+                           None if self.argmax is None else self.argmax[-count:])
 
 
 @dataclasses.dataclass
@@ -60,12 +66,14 @@ def select_documents(documents: Sequence[tuple[str, str]], token_counts: Sequenc
     return chosen
 
 
-def windows(tokens: Sequence[int], bos: int, window: int) -> list[list[int]]:
-    """``[bos] + tokens`` as windows of ``window + 1`` tokens overlapping by one (the last may be shorter)."""
+def windows(tokens: Sequence[int], bos: int, window: int) -> list[tuple[list[int], int]]:
+    """``[bos] + tokens`` as (window, how many of its last tokens to score): every token after BOS is
+    scored once, with at most ``window`` tokens of context and, where the document allows, exactly that."""
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     sequence = [bos, *tokens]
-    return [sequence[start:start + window + 1] for start in range(0, len(sequence) - 1, window)]
+    return [(sequence[max(0, end - window - 1):end], end - start)
+            for start in range(1, len(sequence), window) for end in [min(start + window, len(sequence))]]
 
 
 def _function_body_lines(text: str) -> set[int]:

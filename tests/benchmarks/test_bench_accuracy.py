@@ -28,8 +28,9 @@ DOCS = {"a.py": CODE, "b.py": "x = 1\n\n\ndef double(value):\n    doubled = valu
 
 
 def test_windows_score_every_token_once_after_bos() -> None:
-    assert windows([5, 6, 7, 8, 9], bos=0, window=2) == [[0, 5, 6], [6, 7, 8], [8, 9]]
-    assert windows([5, 6], bos=0, window=4) == [[0, 5, 6]]
+    assert windows([5, 6, 7, 8, 9], bos=0, window=2) == [([0, 5, 6], 2), ([6, 7, 8], 2), ([7, 8, 9], 1)]
+    assert windows([5, 6], bos=0, window=4) == [([0, 5, 6], 2)]
+    assert windows([5, 6, 7], bos=0, window=2) == [([0, 5, 6], 2), ([5, 6, 7], 1)]
     with pytest.raises(ValueError):
         windows([5], bos=0, window=0)
 
@@ -85,11 +86,14 @@ def test_transformers_backend_matches_the_models_own_loss(tiny_checkpoint, tmp_p
     total_nll, count = 0.0, 0
     for text in DOCS.values():
         ids = [tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]
-        for start in range(0, len(ids) - 1, 8):
-            chunk = torch.tensor([ids[start:start + 9]])
+        for start in range(1, len(ids), 8):
+            end = min(start + 8, len(ids))
+            chunk = torch.tensor([ids[max(0, end - 9):end]])
+            labels = chunk.clone()
+            labels[0, :chunk.shape[1] - (end - start)] = -100  # context only: scored by the window before
             with torch.no_grad():
-                total_nll += float(model(chunk, labels=chunk).loss) * (chunk.shape[1] - 1)
-            count += chunk.shape[1] - 1
+                total_nll += float(model(chunk, labels=labels).loss) * (end - start)
+            count += end - start
     assert result["scored_tokens"] == count == len(result["argmax_ids"])
     assert result["perplexity"] == pytest.approx(math.exp(total_nll / count), rel=1e-5)
     assert 0 <= result["top1_accuracy"] <= 1 and result["next_line"]["num_cases"] == 2
