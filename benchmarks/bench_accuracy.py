@@ -17,8 +17,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,6 +44,8 @@ from benchmarks.common.backends import auth_headers
 from benchmarks.common.datasets import load_tokenizer
 from benchmarks.common.environment import collect_environment, fetch_server_info
 
+T = TypeVar("T")
+R = TypeVar("R")
 HELD_OUT = Path(__file__).resolve().parents[1] / "tools" / "demo_model" / "data" / "held_out.txt"
 
 
@@ -98,8 +102,10 @@ class ServerBackend:
         self.client = httpx.Client(headers=auth_headers(), timeout=600.0)
         self.prompt_logprobs = True
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        response = self.client.post(self.url, json={"model": self.model, "temperature": 0, **body})
+    def _send(self, body: dict[str, Any]) -> httpx.Response:
+        return self.client.post(self.url, json={"model": self.model, "temperature": 0, **body})
+
+    def _choice(self, response: httpx.Response) -> dict[str, Any]:
         if response.status_code != 200:
             raise RuntimeError(f"{self.url}: HTTP {response.status_code}: {response.text[:500]}")
         return response.json()["choices"][0]
@@ -108,14 +114,17 @@ class ServerBackend:
         # max_tokens 1, as lm-eval sends: vLLM refuses 0; the generated token is ignored.
         body: dict[str, Any] = {"prompt": window, "max_tokens": 1, "echo": True, "logprobs": 1}
         if self.prompt_logprobs:
-            choice = self._post({**body, "prompt_logprobs": 1})
-            if choice.get("prompt_logprobs") is not None:
-                return _from_prompt_logprobs(choice["prompt_logprobs"], window)
+            response = self._send({**body, "prompt_logprobs": 1})
+            # A server without vLLM's extension refuses the field or ignores it: use the echo layout.
+            if response.status_code not in (400, 422):
+                choice = self._choice(response)
+                if choice.get("prompt_logprobs") is not None:
+                    return _from_prompt_logprobs(choice["prompt_logprobs"], window)
             self.prompt_logprobs = False
-        return _from_echo(self._post(body)["logprobs"], len(window))
+        return _from_echo(self._choice(self._send(body))["logprobs"], len(window))
 
     def complete(self, prompt: list[int], max_tokens: int) -> str:
-        return self._post({"prompt": prompt, "max_tokens": max_tokens})["text"]
+        return self._choice(self._send({"prompt": prompt, "max_tokens": max_tokens}))["text"]
 
 
 def _from_prompt_logprobs(entries: list[dict[str, dict[str, Any]] | None], window: list[int]) -> WindowScore:
@@ -142,6 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base-url", default="http://127.0.0.1:30000", help="Server (--backend server).")
     parser.add_argument("--model", default=None,
                         help="Checkpoint directory (transformers) or model to request (server; default: first of /v1/models).")
+    parser.add_argument("--concurrency", type=int, default=1, help="Requests in flight (--backend server).")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="torch dtype for --backend transformers.")
     # One thread by default: on a few shared cores OpenMP's spin-waiting made two threads 7x slower
@@ -162,28 +172,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--export-jsonl", type=Path, default=None,
                         help="Write the selected documents as JSONL ({\"path\", \"text\"}) and stop.")
     args = parser.parse_args(argv)
-    for name in ("limit", "max_tokens_total", "window", "threads", "line_context", "line_max_tokens"):
+    for name in ("limit", "max_tokens_total", "window", "threads", "concurrency", "line_context", "line_max_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.num_lines < 0:
         parser.error("--num-lines must be non-negative")
+    if args.backend == "transformers" and args.concurrency != 1:
+        parser.error("--concurrency applies to --backend server only")
     if args.backend == "transformers" and args.model is None and args.export_jsonl is None:
         parser.error("--backend transformers needs --model")
     return args
 
 
-def _score_documents(backend: Backend, tokens: list[list[int]], bos: int, window: int) -> tuple[list[WindowScore], float]:
+def _map(function: Callable[[T], R], items: Iterable[T], concurrency: int) -> list[R]:
+    """``function`` over ``items`` in order, ``concurrency`` calls in flight (a server batches them)."""
+    if concurrency == 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(function, items))
+
+
+def _score_documents(backend: Backend, tokens: list[list[int]], bos: int, window: int,
+                     concurrency: int) -> tuple[list[WindowScore], float]:
     start = time.perf_counter()
-    scores = [backend.score(w).last(n) for doc in tokens for w, n in windows(doc, bos, window)]
+    pairs = [pair for doc in tokens for pair in windows(doc, bos, window)]
+    scores = _map(lambda pair: backend.score(pair[0]).last(pair[1]), pairs, concurrency)
     return scores, time.perf_counter() - start
 
 
-def _next_lines(backend: Backend, cases: list[LineCase], max_tokens: int) -> dict[str, Any]:
-    results = []
-    for case in cases:
-        completion = backend.complete(case.prompt, max_tokens)
-        results.append({"path": case.path, "lineno": case.lineno, "line": case.line, "completion": completion,
-                        "completion_line": predicted_line(completion)})
+def _next_lines(backend: Backend, cases: list[LineCase], max_tokens: int, concurrency: int) -> dict[str, Any]:
+    completions = _map(lambda case: backend.complete(case.prompt, max_tokens), cases, concurrency)
+    results = [{"path": case.path, "lineno": case.lineno, "line": case.line, "completion": completion,
+                "completion_line": predicted_line(completion)} for case, completion in zip(cases, completions)]
     exact = sum(r["completion_line"] == r["line"] for r in results)
     return {"num_cases": len(results), "exact_match": exact / len(results) if results else None, "cases": results}
 
@@ -214,12 +234,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     backend: Backend = (ServerBackend(args.base_url, args.model) if args.backend == "server"
                         else TransformersBackend(args.model, args.dtype, args.threads, tokenizer))
-    scores, score_s = _score_documents(backend, [all_tokens[i] for i in chosen], bos, args.window)
+    scores, score_s = _score_documents(backend, [all_tokens[i] for i in chosen], bos, args.window, args.concurrency)
     texts = [documents[i][1] for i in chosen]
     metrics = score_metrics(scores, sum(map(word_count, texts)), sum(len(t.encode("utf-8")) for t in texts))
     start = time.perf_counter()
     next_line = _next_lines(backend, line_cases(documents, tokenize, bos, args.num_lines, args.line_context)
-                            if args.num_lines else [], args.line_max_tokens)
+                            if args.num_lines else [], args.line_max_tokens, args.concurrency)
     argmax = [i for s in scores for i in s.argmax] if all(s.argmax is not None for s in scores) else None
     result: dict[str, Any] = {
         "label": args.label or f"{args.backend}:{args.model}",
@@ -227,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model,
         "dtype": args.dtype if args.backend == "transformers" else None,
         "settings": {k: getattr(args, k) for k in ("limit", "max_tokens_total", "window", "num_lines",
-                                                   "line_context", "line_max_tokens")},
+                                                   "line_context", "line_max_tokens", "concurrency")},
         "documents": [documents[i][0] for i in chosen],
         **metrics,
         "next_line": next_line,
