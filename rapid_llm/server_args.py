@@ -34,12 +34,14 @@ def parse_size(text: str, flag: str) -> int:
 
 @dataclass
 class ServerArgs:
-    model: str | None = field(default=None, metadata={"help": "Hugging Face checkpoint directory. Without it, a "
-                              "small random demo checkpoint is built locally and served.",
+    model: str | None = field(default=None, metadata={"help": "Hugging Face checkpoint directory, or a packaged "
+                              "demo model: demo-target (alias demo), demo-draft or demo-moe (an existing path of "
+                              "that name wins). Without it, demo-target is served: 15.7M parameters, trained on "
+                              "CPython's standard library.",
                               "aliases": ("--model-path",)})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: the model's)."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id clients use (default: the "
-                                          "model path)."})
+                                          "demo model's short name, else --model as given)."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
     port: int = field(default=DEFAULT_PORT, metadata={"help": "HTTP port."})
     dtype: str = field(default="auto", metadata={"help": "Model dtype: auto (the checkpoint's), float32, "
@@ -154,6 +156,7 @@ class ServerArgs:
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.models.registry import check_supported
         from rapid_llm.ops.attention.registry import check_attention_backend
+        from rapid_llm.utils.demo_checkpoint import packaged_demo_name
 
         check_attention_backend(self.attention_backend)
         device = DeviceConfig(self.device)
@@ -185,7 +188,7 @@ class ServerArgs:
             device=device,
             scheduler=scheduler,
             tokenizer=self.tokenizer or model_dir,
-            served_model_name=self.served_model_name or self.model or model_dir,
+            served_model_name=self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir,
             attention_backend=self.attention_backend,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),

@@ -121,7 +121,7 @@ def _delta(
 ) -> TextDelta | None:
     """The delta for the update's first `num_tokens` tokens, or None if nothing happened."""
     token_ids = update.token_ids[:num_tokens]
-    if not text and not token_ids and finish_reason is None:
+    if not text and not token_ids and finish_reason is None and not update.prompt_logprobs:
         return None
     return TextDelta(
         request_id=update.request_id,
@@ -132,6 +132,7 @@ def _delta(
         stop_reason=stop_reason,
         num_prompt_tokens=update.num_prompt_tokens,
         num_cached_tokens=update.num_cached_tokens,
+        prompt_logprobs=update.prompt_logprobs,
         queue_time=update.queue_time,
         prefill_time=update.prefill_time,
         error=update.error,

@@ -81,8 +81,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
                 setattr(self, name, default)
 
     def _reject_unsupported(self) -> None:
-        unsupported = ("logit_bias", "response_format", "tools", "tool_choice", "prompt_logprobs",
-                       "include_stop_str_in_output", "guided_json", "guided_regex", "guided_choice",
+        unsupported = ("logit_bias", "response_format", "tools", "tool_choice", "include_stop_str_in_output", "guided_json", "guided_regex", "guided_choice",
                        "guided_grammar")
         for name in unsupported:
             value = getattr(self, name)
@@ -96,7 +95,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
     def _sampling_params(
-        self, max_tokens: int, logprobs: int | None, renames: dict[str, str], defaults: dict[str, Any]
+        self, max_tokens: int, logprobs: int | None, renames: dict[str, str], defaults: dict[str, Any],
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """Validated params; fields left unset take `defaults` (--generation-config, SamplingParams names);
         `renames` maps SamplingParams field names to this request's names."""
@@ -124,6 +124,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             stop=stop,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             **{name: value for name, value in resolved.items() if value is not None},
         )
@@ -142,8 +143,21 @@ class CompletionRequest(GenerationRequest, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
 
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: score the prompt, generate nothing (what lm-eval's loglikelihood sends)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Top logprobs per prompt token the response needs: echoed `logprobs`, vLLM's `prompt_logprobs`."""
+        echoed = self.logprobs if self.echo else None
+        if echoed is None or self.prompt_logprobs is None:
+            return self.prompt_logprobs if echoed is None else echoed
+        return max(echoed, self.prompt_logprobs)
+
     def sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
-        return self._sampling_params(max_tokens, self.logprobs, {}, defaults)
+        return self._sampling_params(max_tokens, self.logprobs, {}, defaults, self.num_prompt_logprobs)
 
 
 class ContentPart(msgspec.Struct):
@@ -193,6 +207,8 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
+        if self.prompt_logprobs is not None:
+            raise bad_request("prompt_logprobs is supported by /v1/completions only", param="prompt_logprobs")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None

@@ -149,6 +149,11 @@ class Serving:
         self.check_prompt_ids(token_ids, param)
         return token_ids
 
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        """The text of `token_ids`, decoded in a worker thread (echoing a token-id prompt)."""
+        return await asyncio.to_thread(self.engine.tokenizer.decode, token_ids,
+                                       skip_special_tokens=skip_special_tokens)
+
     def check_vocab_params(self, params: SamplingParams) -> None:
         """Token ids and counts in the sampling params that only the vocabulary bounds."""
         if any(token_id >= self.vocab_size for token_id in params.stop_token_ids):
@@ -197,8 +202,10 @@ class Serving:
         fmt: ResponseFormat,
         body: GenerationRequest,
         prompts: list[tuple[list[int], SamplingParams]],
+        drop_output: bool = False,
     ) -> Response:
-        """Generate every choice of every prompt; choice index = prompt index * n + i (as vLLM)."""
+        """Generate every choice of every prompt; choice index = prompt index * n + i (as vLLM).
+        `drop_output`: the generated tokens are not part of the answer (echo with max_tokens 0)."""
         for _, params in prompts:
             self.check_vocab_params(params)
         envelope = {
@@ -212,7 +219,7 @@ class Serving:
         n = len(choices) // len(prompts)
         if body.stream:
             envelope["object"] = fmt.chunk_object_name
-            deltas = self._deltas(envelope["id"], choices, num_prompt_tokens, n)
+            deltas = self._deltas(envelope["id"], choices, num_prompt_tokens, n, drop_output)
             # A refusal (bad parameters, a full queue) is the first delta: it gets its own status code
             # (and Retry-After) only if it comes before the stream's 200 headers.
             first = await run_unless_disconnected(anext(deltas), request.receive)
@@ -222,8 +229,8 @@ class Serving:
             return EventStreamResponse(
                 self._stream(envelope, fmt, first, deltas, len(choices), num_prompt_tokens, n, body.include_usage),
                 close=deltas.aclose)
-        outputs = await run_unless_disconnected(self._collect(envelope["id"], choices, num_prompt_tokens, n),
-                                                request.receive)
+        outputs = await run_unless_disconnected(
+            self._collect(envelope["id"], choices, num_prompt_tokens, n, drop_output), request.receive)
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
@@ -245,10 +252,11 @@ class Serving:
         return sum(min(per_choice[start : start + n]) for start in range(0, len(per_choice), n))
 
     async def _collect(
-        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int,
+        drop_output: bool,
     ) -> list[ChoiceOutput]:
         outputs = [ChoiceOutput() for _ in choices]
-        async with aclosing(self._deltas(request_id, choices, num_prompt_tokens, n)) as deltas:
+        async with aclosing(self._deltas(request_id, choices, num_prompt_tokens, n, drop_output)) as deltas:
             async for index, delta in deltas:
                 outputs[index].add(delta)
         return outputs
@@ -302,9 +310,11 @@ class Serving:
         yield DONE_EVENT
 
     async def _deltas(
-        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int
+        self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int,
+        drop_output: bool,
     ) -> AsyncIterator[tuple[int, TextDelta]]:
-        """(choice index, delta) as they arrive; closing this aborts every unfinished choice."""
+        """(choice index, delta) as they arrive, without their tokens if `drop_output` (the metrics still
+        count them: they were generated); closing this aborts every unfinished choice."""
         tracker = self.metrics.track(num_prompt_tokens, len(choices), n)
         generators = [
             self.engine.generate(f"{request_id}-{i}", prompt_ids, params)
@@ -314,6 +324,8 @@ class Serving:
             async with aclosing(_merge(generators)) as merged:
                 async for index, delta in merged:
                     tracker.observe(index, delta)
+                    if drop_output:
+                        delta = msgspec.structs.replace(delta, text="", token_ids=[], logprobs=[])
                     yield index, delta
         finally:
             for generator in generators:

@@ -17,6 +17,8 @@ class ChoiceOutput:
     text_parts: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # aligned with token_ids
+    # Prompt tokens from the second on, when prompt_logprobs was asked (the first has nothing to predict it).
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -31,6 +33,7 @@ class ChoiceOutput:
             self.text_parts.append(delta.text)
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
+        self.prompt_logprobs.extend(delta.prompt_logprobs)
         if len(self.logprobs) < len(self.token_ids):
             self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
         if delta.finish_reason is not None:

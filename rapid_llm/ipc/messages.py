@@ -107,6 +107,15 @@ class TokenLogprobs(_Part):
     logprob: float
     top_token_ids: list[int] = []
     top_logprobs: list[float] = []
+    rank: int | None = None  # the token's rank in the distribution (1 = the most likely); prompt tokens only
+
+
+class PromptLogprobs(_Part):
+    """Logprobs of prompt tokens [start, start + len(entries)) of a request, from one prefill chunk."""
+
+    request_id: str
+    start: int  # >= 1: the first prompt token has nothing before it to predict it
+    entries: list[TokenLogprobs]
 
 
 class SlotFailure(_Part):
@@ -121,7 +130,7 @@ class StepResult(_Message):
     """Tokens sampled in `step_id`, for the scheduled chunks that reached their request's end.
 
     `failures` lists the scheduled slots the worker skipped because their request failed; the rest
-    of the step ran without them.
+    of the step ran without them. `prompt_logprobs` has one entry per chunk of a request that asked.
     """
 
     step_id: int
@@ -129,6 +138,7 @@ class StepResult(_Message):
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None] = []
     failures: list[SlotFailure] = []
+    prompt_logprobs: list[PromptLogprobs] = []
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -152,6 +162,8 @@ class TokenUpdate(_Part):
     stop_reason: int | str | None = None  # the stop token id that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # Logprobs of the prompt's tokens from the second on, continuing the previous updates' (with the first tokens).
+    prompt_logprobs: list[TokenLogprobs] = []
     # On a request's first update with tokens only: seconds from arrival at the scheduler to its first
     # admission, and from that admission to its first sampled token (scheduler clock).
     queue_time: float | None = None
@@ -176,6 +188,7 @@ class TextDelta(_Part):
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs] = []  # as TokenUpdate.prompt_logprobs
     queue_time: float | None = None  # as on the TokenUpdate this delta starts with
     prefill_time: float | None = None
     error: str | None = None  # as TokenUpdate.error

@@ -4,7 +4,8 @@ Every launch gets its own directory of `ipc://` socket files, so two servers on 
 never collide, and removing that directory on shutdown removes every socket file. A launch that
 was killed (SIGKILL) cannot remove its own, so each new launch sweeps the directories of launchers
 whose pid is no longer alive (the pid is in the directory name). Receivers
-block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning.
+block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning; in an engine
+child that wait also watches the signal wakeup fd (`utils.signal_wakeup`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import zmq
 import zmq.asyncio
+
+from rapid_llm.utils.signal_wakeup import drain as drain_wakeups
+from rapid_llm.utils.signal_wakeup import wakeup_fd
 
 T = TypeVar("T")
 _DIR_PREFIX = "rapid_llm-"
@@ -113,8 +117,17 @@ class Receiver(Generic[T]):
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(address)
         self._decoder = msgspec.msgpack.Decoder(message_type)
+        self._poller: zmq.Poller | None = None
+        if wakeup_fd() is not None:
+            self._poller = zmq.Poller()
+            self._poller.register(self.socket, zmq.POLLIN)
+            self._poller.register(wakeup_fd(), zmq.POLLIN)
 
     def recv(self) -> T:
+        """The next message; in an engine child a signal wakes the wait, so its handler runs at once."""
+        if self._poller is not None:
+            while self.socket not in dict(self._poller.poll()):
+                drain_wakeups()
         return self._decoder.decode(self.socket.recv(copy=False).buffer)
 
     def recv_nowait(self) -> T | None:

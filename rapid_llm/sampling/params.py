@@ -28,7 +28,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     temperature 0 means greedy. top_k <= 0 disables top-k, top_p 1.0 disables top-p, min_p 0.0
     disables min-p. `logprobs=None` returns no logprobs; `logprobs=n` returns the sampled token's
-    logprob plus the n most likely. A `seed` makes the request's samples independent of whatever
+    logprob plus the n most likely. `prompt_logprobs=n` does the same for every prompt token after
+    the first (as vLLM), computed from the prefill's logits. A `seed` makes the request's samples independent of whatever
     else shares the batch; choice i of an n > 1 request uses `seed + i` (as vLLM), so the seed must
     leave room for n - 1 more in int64: a seed past that is refused rather than wrapped.
     """
@@ -48,6 +49,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     @property
@@ -80,6 +82,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
             ("stop_token_ids", all(0 <= t <= INT64_MAX for t in self.stop_token_ids),
              f"must be token ids in [0, {INT64_MAX}]"),

@@ -39,6 +39,8 @@ from rapid_llm.scheduler_proc.admission import DuplicateRequestId, RequestReject
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.scheduler_proc.watchdog import StepWatchdog
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
+from rapid_llm.utils.signal_wakeup import drain as drain_wakeups
+from rapid_llm.utils.signal_wakeup import wakeup_fd
 
 logger = logging.getLogger(__name__)
 THROUGHPUT_LOG_INTERVAL_S = 5.0
@@ -67,6 +69,8 @@ class SchedulerLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.requests.socket, zmq.POLLIN)
         self.poller.register(self.results.socket, zmq.POLLIN)
+        if wakeup_fd() is not None:
+            self.poller.register(wakeup_fd(), zmq.POLLIN)
         self._last_stats: SchedulerStats | None = None
         self._throughput = _ThroughputLog()
         self._watchdog = StepWatchdog(config.watchdog_timeout)
@@ -87,6 +91,8 @@ class SchedulerLoop:
                     worker.send_bytes(payload)
             self._publish()
             events = dict(self.poller.poll(self._watchdog.poll_timeout_ms(self.scheduler.num_inflight_steps)))
+            if wakeup_fd() in events:
+                drain_wakeups()
             if self.results.socket in events:
                 self._handle_result(self.results.recv())
             elif (oldest := self.scheduler.oldest_inflight_step_id) is not None:
@@ -131,7 +137,9 @@ class SchedulerLoop:
 
     def shutdown_workers(self) -> None:
         for worker in self.workers:
-            worker.send(Shutdown())
+            # Never blocking: a PUSH to a worker that has already exited (it got SIGTERM too) would
+            # wait for it forever, until the launcher kills this process.
+            worker.send_if_room(Shutdown())
 
 
 class _ThroughputLog:

@@ -55,6 +55,9 @@ class RequestState:
         self.error_kind: ErrorKind | None = None
         self._unsent_token_ids: list[int] = []
         self._unsent_logprobs: list[TokenLogprobs | None] = []
+        # Prompt tokens whose logprobs have arrived (counting the first, which has none), and those unsent.
+        self._num_prompt_logprobs = 1
+        self._unsent_prompt_logprobs: list[TokenLogprobs] = []
         self.arrived_at = time.monotonic()
         self.first_scheduled_at: float | None = None  # first admission; resumptions keep it
         self.first_token_at: float | None = None
@@ -120,6 +123,15 @@ class RequestState:
         if self.params.logprobs is not None:
             self._unsent_logprobs.append(logprobs)
 
+    def add_prompt_logprobs(self, start: int, entries: list[TokenLogprobs]) -> None:
+        """Logprobs of prompt tokens [start, start + len(entries)); those that arrived before are skipped
+        (a request recomputed after preemption computes them again)."""
+        if start > self._num_prompt_logprobs:
+            return  # not contiguous: from a finished request that had the same id
+        fresh = entries[self._num_prompt_logprobs - start :]
+        self._unsent_prompt_logprobs.extend(fresh)
+        self._num_prompt_logprobs += len(fresh)
+
     def finish_reason_for_last_token(self, eos_token_ids: tuple[int, ...]) -> tuple[str, int | None] | None:
         """(finish_reason, stop_reason) if the newest real token ends the request, else None."""
         token_id = self.output_token_ids[-1]
@@ -162,6 +174,7 @@ class RequestState:
             stop_reason=self.stop_reason,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens or 0,
+            prompt_logprobs=self._unsent_prompt_logprobs,
             queue_time=queue_time,
             prefill_time=prefill_time,
             error=self.error,
@@ -169,4 +182,5 @@ class RequestState:
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []
+        self._unsent_prompt_logprobs = []
         return update

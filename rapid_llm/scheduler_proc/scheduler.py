@@ -204,7 +204,8 @@ class Scheduler:
 
     def _prefix_hits(self, request: RequestState) -> list[int]:
         """The cached blocks a waiting request can start from (not taken yet)."""
-        if not self.config.enable_prefix_caching:
+        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too).
+        if not self.config.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         # At least one token is always computed, so that the step has logits to sample from; a
         # block that token falls in is written, and a block being written is never shared.
@@ -277,6 +278,11 @@ class Scheduler:
             # (it fails again, and is reported again, if it comes back) ends nothing.
             if request is not None and request.slot == failure.slot:
                 self._fail(request, failure.error)
+        # Before the tokens: the chunk that ends a prompt also samples its first token, which carries them out.
+        for chunk in result.prompt_logprobs:
+            request = self._requests.get(chunk.request_id)
+            if request is not None and not request.is_finished:
+                request.add_prompt_logprobs(chunk.start, chunk.entries)
         for index, (slot, token_id) in enumerate(zip(result.slots, result.token_ids)):
             request, epoch = record.samplers[slot]
             # Finished, aborted or preempted since this step was planned: the token is stale.

@@ -4,7 +4,7 @@
 (`rapid_llm::scheduler`), then imports the real entry point from a "module:function" string, so
 the launcher never imports the engine's modules (torch, the model stack) just to name a target.
 Children ignore SIGINT (Ctrl-C reaches the whole process group; the launcher alone decides how
-to stop) and exit cleanly on SIGTERM. On Linux a child also asks the kernel for SIGTERM when the
+to stop) and exit cleanly on SIGTERM, whichever thread it reaches (`signal_wakeup`). On Linux a child also asks the kernel for SIGTERM when the
 launcher dies, so a killed launcher never leaves orphans holding memory or a GPU.
 """
 
@@ -22,6 +22,8 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 import setproctitle
+
+from rapid_llm.utils import signal_wakeup
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(message)s"
 _PR_SET_PDEATHSIG = 1
@@ -59,6 +61,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
 def configure_child(log_level: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal_wakeup.install()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,6 +1,6 @@
 """Tiny random Hugging Face checkpoints and a small local tokenizer.
 
-Tests and the built-in demo model need real checkpoints on disk -- a ``config.json``, safetensors weights,
+Tests need real checkpoints on disk -- a ``config.json``, safetensors weights,
 a tokenizer -- but must never download anything. This module makes them from nothing: the model is
 built from a config with ``AutoModelForCausalLM.from_config`` and saved with ``save_pretrained``, and the
 tokenizer is a byte-level BPE trained in a few milliseconds on a short built-in text.

@@ -6,7 +6,8 @@ sampled token is written back into it on the device, so a plan never has to carr
 its previous step samples (what lets the scheduler plan one step ahead). The step still ends
 by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
 one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
-only a request whose computed tokens reach the end of what it knows gets a token sampled.
+only a request whose computed tokens reach the end of what it knows gets a token sampled. Requests
+that asked for prompt logprobs get them from the same step's hidden states.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Sequence
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
-from rapid_llm.ipc.messages import TokenLogprobs
+from rapid_llm.ipc.messages import PromptLogprobs, TokenLogprobs
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
@@ -27,6 +28,7 @@ from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout, select_attention_backend
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers, clear_blocks
+from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class StepOutput:
     rows: list[int]
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -145,10 +148,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
         hidden_states = self.forward(requests)
+        prompt_logprobs = score_prompts(self.model, hidden_states, requests)
         last_token_index = torch.cumsum(torch.tensor([r.num_new_tokens for r in requests]), 0) - 1
         sampling = [i for i, request in enumerate(requests) if request.samples_this_step]
         if not sampling:
-            return StepOutput([], [], [])
+            return StepOutput([], [], [], prompt_logprobs)
         logits = self.model.compute_logits(hidden_states[last_token_index[sampling].to(self.device)])
         sampling_batch = SamplingBatch.build(
             [
@@ -170,6 +174,7 @@ class ModelRunner:
             rows=sampling,
             token_ids=sampled.token_ids.tolist(),
             logprobs=_logprobs_per_row(sampled, [requests[i].sampling_params.logprobs for i in sampling]),
+            prompt_logprobs=prompt_logprobs,
         )
 
 

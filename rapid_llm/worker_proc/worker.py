@@ -79,6 +79,7 @@ class Worker:
             token_ids=output.token_ids,
             logprobs=output.logprobs if any(output.logprobs) else [],
             failures=failures,
+            prompt_logprobs=output.prompt_logprobs,
         )
 
     def add_request(self, new: NewRequest) -> None:

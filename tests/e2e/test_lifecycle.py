@@ -1,4 +1,4 @@
-"""Server life cycle: idle CPU, clean and quick shutdown, process names, start-up failures, the demo checkpoint."""
+"""Server life cycle: idle CPU, clean and quick shutdown, process names, start-up failures, the packaged demo model."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(server_checkpoint) ->
         assert server.stop(signal.SIGINT) == 0
         stopped_after = time.monotonic() - started
         assert "the server is shutting down" in pending.result().text
-    # Idle, it takes about 1 s; the bound leaves room for a busy CI machine (one run took 5.4 s).
+    # About 1 s when idle; the bound leaves room for a busy CI machine.
     assert stopped_after < 8, f"Ctrl-C took {stopped_after:.1f} s; server log:\n{server.log()}"
     assert wait_gone(children) == []
     assert socket_dirs(server.process.pid) == []
@@ -102,16 +102,18 @@ def test_child_startup_failure_is_reported(checkpoint, tmp_path) -> None:
     assert "worker0 failed to start" in result.stderr and "safetensors" in result.stderr
 
 
-def test_no_model_serves_the_built_in_demo(tmp_path) -> None:
-    server = ServerProcess("--num-kv-blocks", "128", env={"XDG_CACHE_HOME": str(tmp_path)})
+def test_no_model_serves_the_packaged_demo_target() -> None:
+    server = ServerProcess("--num-kv-blocks", "128")
     try:
-        assert "built-in demo checkpoint" in server.log()
-        response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hello", "max_tokens": 5},
+        assert "no model given: serving the packaged demo model 'demo-target' (LlamaForCausalLM, 15.7M " \
+               "parameters, trained on CPython's standard library) from " in server.log()
+        response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "import ", "max_tokens": 5},
                               timeout=30).json()
-        assert response["usage"]["completion_tokens"] >= 1
+        models = httpx.get(f"{server.base_url}/v1/models", timeout=5).json()
     finally:
         server.stop()
-    assert (tmp_path / "rapid_llm" / "demo-llama-v1" / "config.json").is_file()
+    assert response["usage"]["completion_tokens"] >= 1
+    assert response["model"] == "demo-target" and [model["id"] for model in models["data"]] == ["demo-target"]
 
 
 def test_a_child_dying_later_brings_the_server_down(checkpoint) -> None:

@@ -67,7 +67,7 @@ async def test_explicit_nulls_mean_the_defaults(client: httpx.AsyncClient, engin
 @pytest.mark.parametrize(
     ("field", "value"),
     [("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
-     ("tool_choice", "auto"), ("best_of", 3), ("prompt_logprobs", 1), ("include_stop_str_in_output", True),
+     ("tool_choice", "auto"), ("best_of", 3), ("include_stop_str_in_output", True),
      ("guided_json", {"type": "object"})],
 )
 async def test_known_but_unsupported_fields_are_refused(client: httpx.AsyncClient, field: str, value: object) -> None:
@@ -298,7 +298,9 @@ async def test_openai_sdk_errors(sdk: openai.AsyncOpenAI) -> None:
         ("/v1/completions", {"prompt": ["one", ""]}, "prompt"),
         ("/v1/completions", {"prompt": [[1, 2], [3, "x"]]}, "prompt[1][1]"),
         ("/v1/completions", {"prompt": [1, 100000]}, "prompt"),
-        ("/v1/completions", {"prompt": "Hi", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "prompt_logprobs": 1}, "prompt_logprobs"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages[0].role"),
         ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "Hi"}]}, "messages"),

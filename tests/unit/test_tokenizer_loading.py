@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from rapid_llm.utils.demo_checkpoint import ensure_demo_checkpoint
+from rapid_llm.utils.demo_checkpoint import DEFAULT_DEMO, demo_model_dir
 from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
 TEXTS = ("The server reads a request and", " café naïve 🙂\n\tdef f(x):\n    return x  ", "<|im_start|>user hi", "")
@@ -14,11 +14,8 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 @pytest.fixture(params=["tiny", "demo"])
-def tokenizer_dir(request, tiny_checkpoint, tmp_path, monkeypatch) -> str:
-    if request.param == "tiny":
-        return str(tiny_checkpoint())
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return str(ensure_demo_checkpoint()[0])
+def tokenizer_dir(request, tiny_checkpoint) -> str:
+    return str(tiny_checkpoint() if request.param == "tiny" else demo_model_dir(DEFAULT_DEMO))
 
 
 def test_load_tokenizer_matches_auto_tokenizer(tokenizer_dir: str) -> None:

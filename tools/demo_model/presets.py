@@ -1,8 +1,8 @@
 """Model presets of the demo family: configs only, all sharing the demo tokenizer's vocabulary and ids.
 
 ``target`` and ``draft`` are ``LlamaForCausalLM`` (the draft a fifth of the target's size or less, for
-speculative decoding); ``moe`` is ``Qwen3MoeForCausalLM`` with the target's shapes and four experts of
-the target's FFN width, so that :mod:`tools.demo_model.upcycle` can copy the target into it. ``tiny``
+speculative decoding); ``moe`` is ``Qwen3MoeForCausalLM`` with the draft's shapes and four experts of
+the draft's FFN width, so that :mod:`tools.demo_model.upcycle` can copy the target into it. ``tiny``
 exists for tests. Each preset also fixes its training schedule (steps, batch, sequence length, LR).
 
 Usage:
@@ -74,9 +74,10 @@ PRESETS: dict[str, Preset] = {
                      intermediate_size=1024, steps=600, batch_size=16, seq_len=256, lr=1e-3, warmup_steps=30),
     "draft": Preset("LlamaForCausalLM", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                     intermediate_size=384, steps=600, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=30),
-    "moe": Preset("Qwen3MoeForCausalLM", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2,
-                  intermediate_size=1024, num_experts=4, steps=150, batch_size=16, seq_len=256, lr=3e-4,
-                  warmup_steps=10, upcycle_from="target"),
+    # Upcycled from the draft: four copies of the target's FFN would make it 72 MB, past the size budget.
+    "moe": Preset("Qwen3MoeForCausalLM", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                  intermediate_size=384, num_experts=4, steps=150, batch_size=16, seq_len=256, lr=6e-4,
+                  warmup_steps=10, upcycle_from="draft"),
     "tiny": Preset("LlamaForCausalLM", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    intermediate_size=64, steps=4, batch_size=2, seq_len=16, lr=1e-3, warmup_steps=1),
 }

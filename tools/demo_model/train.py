@@ -4,7 +4,7 @@ Reproducible by construction: the initial weights come from ``--seed``, and the 
 is drawn from a generator seeded with ``(seed, s)``, so a resumed run sees exactly the batches an
 uninterrupted one would; the LR (linear warmup, cosine to 10 %) is a function of the step alone.
 Training is float32 (this machine's CPUs have no bf16 instructions -- no AVX512-BF16 or AMX -- so
-bf16 autocast was not tried); exports are bfloat16. The ``moe`` preset starts from an upcycled copy of ``--init-from`` (the trained target).
+bf16 autocast was not tried); exports are bfloat16. The ``moe`` preset starts from an upcycled copy of ``--init-from`` (the trained draft).
 
 Usage:
     python -m tools.demo_model.train --preset target --work-dir W --out OUT [--max-minutes M]

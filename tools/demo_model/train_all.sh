@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the demo family in order -- target, draft, then moe upcycled from the exported target -- at
+# Train the demo family in order -- target, draft, then moe upcycled from the exported draft -- at
 # nice 19, so it only takes CPU that nothing else wants. Rerunning resumes every preset from its work
 # directory (a finished one only re-exports). Arguments after ROOT go to every train command, e.g.
 # `--max-minutes 30` to cap each run (the schedule then continues on the next rerun).
@@ -20,4 +20,4 @@ run() {
 
 run target "$@"
 run draft "$@"
-run moe --init-from "$root/target/model" "$@"
+run moe --init-from "$root/draft/model" "$@"

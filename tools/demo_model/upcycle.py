@@ -7,7 +7,7 @@ FFN exactly. Qwen3 attention adds per-head RMSNorms on queries and keys that Lla
 at one, which changes the attention temperature -- the fine-tuning that follows has to absorb that.
 
 Usage:
-    moe = upcycle(transformers.AutoModelForCausalLM.from_pretrained(target_dir), PRESETS["moe"].config())
+    moe = upcycle(transformers.AutoModelForCausalLM.from_pretrained(draft_dir), PRESETS["moe"].config())
 """
 
 from __future__ import annotations
