@@ -166,7 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-lines", type=int, default=200, help="Next-line cases (0: none).")
     parser.add_argument("--line-context", type=int, default=192, help="Most prompt tokens of a next-line case.")
     parser.add_argument("--line-max-tokens", type=int, default=32, help="Tokens generated per next-line case.")
-    parser.add_argument("--reference", type=Path, default=None, help="A result of this script to agree with.")
+    parser.add_argument("--reference", type=Path, nargs="+", default=[],
+                        help="Results of this script to measure greedy agreement with.")
     parser.add_argument("--label", default=None, help="Name stored in the result (default: backend and model).")
     parser.add_argument("--output", type=Path, default=None, help="Write the result as JSON here.")
     parser.add_argument("--export-jsonl", type=Path, default=None,
@@ -254,11 +255,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "score_seconds": score_s,
         "next_line_seconds": time.perf_counter() - start,
         "argmax_ids": argmax,
-        "agreement": None,
+        "agreement": [],
         "environment": collect_environment(server_info),
     }
-    if args.reference is not None:
-        result["agreement"] = agreement(result, json.loads(args.reference.read_text()))
+    result["agreement"] = [agreement(result, json.loads(path.read_text())) for path in args.reference]
     print(format_summary(result))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -278,8 +278,7 @@ def format_summary(result: dict[str, Any]) -> str:
     if result["next_line"]["num_cases"]:
         lines.append(f"Next-line exact match:     {result['next_line']['exact_match']:.4f} "
                      f"({result['next_line']['num_cases']} lines, {result['next_line_seconds']:.1f} s)")
-    if result["agreement"]:
-        agree = result["agreement"]
+    for agree in result["agreement"]:
         top1 = agree["token_top1_agreement"]
         lines.append(f"Agreement with {agree['reference_label']}: next-line {agree['next_line_agreement']:.4f}, "
                      f"token top-1 {'n/a' if top1 is None else f'{top1:.4f}'}")

@@ -100,7 +100,7 @@ def test_transformers_backend_matches_the_models_own_loss(tiny_checkpoint, tmp_p
     assert result["num_bytes"] == sum(len(t) for t in DOCS.values())
 
     again = bench_accuracy.main([*common, "--reference", str(tmp_path / "ref.json")])
-    assert again["agreement"] == {"reference_label": "ref", "next_line_agreement": 1.0, "token_top1_agreement": 1.0}
+    assert again["agreement"] == [{"reference_label": "ref", "next_line_agreement": 1.0, "token_top1_agreement": 1.0}]
     shorter = bench_accuracy.main([*common, "--num-lines", "1"])
     with pytest.raises(ValueError, match="other lines"):
         agreement(shorter, json.loads((tmp_path / "ref.json").read_text()))
