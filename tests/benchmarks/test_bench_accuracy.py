@@ -9,6 +9,7 @@ import math
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -69,6 +70,26 @@ def test_server_layouts_parse_to_the_same_scores() -> None:
             "top_logprobs": [None, {"a": -1.0}, {"c": -0.5}, {"gen": -0.1}], "text_offset": [0, 0, 1, 2]}
     score = bench_accuracy._from_echo(echo, len(window))
     assert (score.logprobs, score.top1, score.argmax) == ([-1.0, -2.0], [True, False], None)
+
+
+def test_server_without_prompt_logprobs_falls_back_to_the_echo_layout() -> None:
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if "prompt_logprobs" in body:
+            return httpx.Response(400, json={"error": {"message": "unknown field prompt_logprobs"}})
+        logprobs = {"tokens": ["<s>", "a", "b", "c"], "token_logprobs": [None, -1.0, -2.0, -0.1],
+                    "top_logprobs": [None, {"a": -1.0}, {"c": -0.5}, {"c": -0.1}], "text_offset": [0, 0, 1, 2]}
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "c", "logprobs": logprobs}]})
+
+    backend = bench_accuracy.ServerBackend("http://server", "m")
+    backend.client = httpx.Client(transport=httpx.MockTransport(handler))
+    assert backend.score([0, 5, 6]).top1 == [True, False]
+    assert backend.score([0, 5, 6]).logprobs == [-1.0, -2.0]
+    assert ["prompt_logprobs" in b for b in bodies] == [True, False, False]
+    assert all(b["prompt"] == [0, 5, 6] and b["echo"] and b["temperature"] == 0 for b in bodies)
 
 
 def test_transformers_backend_matches_the_models_own_loss(tiny_checkpoint, tmp_path: Path) -> None:
