@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     all_tokens = [tokenize(text) for _, text in documents]
-    chosen = select_documents(documents, [len(t) for t in all_tokens], args.limit, args.max_tokens_total)
+    chosen = select_documents([len(t) for t in all_tokens], args.limit, args.max_tokens_total)
     if args.export_jsonl is not None:
         args.export_jsonl.write_text("".join(json.dumps({"path": documents[i][0], "text": documents[i][1]}) + "\n"
                                              for i in chosen), encoding="utf-8")

@@ -53,12 +53,11 @@ def load_documents(path: Path) -> list[tuple[str, str]]:
     return list(split_files(path.read_text(encoding="utf-8")).items())
 
 
-def select_documents(documents: Sequence[tuple[str, str]], token_counts: Sequence[int], limit: int | None,
-                     max_tokens_total: int | None) -> list[int]:
+def select_documents(token_counts: Sequence[int], limit: int | None, max_tokens_total: int | None) -> list[int]:
     """Indices of the first documents in file order: at most ``limit``, whole ones up to ``max_tokens_total``."""
     chosen: list[int] = []
     total = 0
-    for index, count in enumerate(token_counts[: limit if limit is not None else len(documents)]):
+    for index, count in enumerate(token_counts[:limit]):
         if max_tokens_total is not None and chosen and total + count > max_tokens_total:
             break
         chosen.append(index)

@@ -37,10 +37,10 @@ def test_windows_score_every_token_once_after_bos() -> None:
 
 
 def test_select_documents_keeps_whole_documents_in_order() -> None:
-    docs = [("a", ""), ("b", ""), ("c", "")]
-    assert select_documents(docs, [10, 10, 10], None, 25) == [0, 1]
-    assert select_documents(docs, [30, 10, 10], None, 25) == [0]
-    assert select_documents(docs, [10, 10, 10], 2, None) == [0, 1]
+    assert select_documents([10, 10, 10], None, 25) == [0, 1]
+    assert select_documents([30, 10, 10], None, 25) == [0]
+    assert select_documents([10, 10, 10], 2, None) == [0, 1]
+    assert select_documents([10, 10, 10], None, None) == [0, 1, 2]
 
 
 def test_line_cases_predict_function_body_lines_after_a_non_blank_line() -> None:
