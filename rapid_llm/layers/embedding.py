@@ -13,7 +13,7 @@ from torch import nn
 
 from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from rapid_llm.layers.weight_utils import copy_weight, keep_gemm_weight_in_compute_dtype
+from rapid_llm.layers.weight_utils import copy_weight
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -44,9 +44,6 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (float32 is left to the sampler)."""
-
-    def process_weights_after_loading(self) -> None:
-        keep_gemm_weight_in_compute_dtype(self)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = tp_all_gather(ops.linear(hidden_states, self.weight), dim=-1)

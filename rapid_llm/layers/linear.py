@@ -3,9 +3,8 @@
 Column-parallel layers shard the output features over tensor-parallel ranks, row-parallel
 layers shard the input features and all-reduce. Merged layers (q/k/v, gate/up) hold several
 checkpoint matrices stacked in one weight so one GEMM serves them all; their `weight_loader`
-takes a `shard_id` saying which slice a checkpoint tensor fills. Weights are unquantized; after
-loading, `process_weights_after_loading` may keep them in another dtype (fp32 on CPUs without half
-GEMMs) -- the hook where other weight formats will be prepared.
+takes a `shard_id` saying which slice a checkpoint tensor fills. Weights are unquantized; there
+is no interface for other weight formats yet.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from torch import nn
 
 from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_reduce
-from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader, keep_gemm_weight_in_compute_dtype
+from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -39,9 +38,6 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         default_weight_loader(param, loaded, shard_id)
-
-    def process_weights_after_loading(self) -> None:
-        keep_gemm_weight_in_compute_dtype(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)

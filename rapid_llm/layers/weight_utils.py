@@ -1,11 +1,9 @@
-"""The one shape-checked copy every weight loader ends in, and the post-load choice of a GEMM weight's dtype."""
+"""The one shape-checked copy every weight loader ends in."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from rapid_llm.ops.cpu_half import weight_dtype
 
 
 def copy_weight(target: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -20,11 +18,3 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: s
     if shard_id is not None:
         raise ValueError(f"parameter is not stacked, yet got shard {shard_id!r}")
     copy_weight(param.data, loaded)
-
-
-def keep_gemm_weight_in_compute_dtype(module: nn.Module) -> None:
-    """After loading: give `module.weight` the dtype `ops.linear` computes in on its device (fp32 for
-    half-precision models on CPUs without half GEMMs; see ops/cpu_half.py). A tied weight is untied."""
-    wanted = weight_dtype(module.weight.device, module.weight.dtype)
-    if wanted != module.weight.dtype:
-        module.weight = nn.Parameter(module.weight.data.to(wanted), requires_grad=False)

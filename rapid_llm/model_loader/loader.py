@@ -2,8 +2,7 @@
 
 Parameters are created directly on the device in the model dtype, and each checkpoint tensor
 is copied into its parameter once (the copy casts). Every parameter must be filled exactly
-by the checkpoint: missing or unexpected tensors are an error naming them. Then every module with
-a `process_weights_after_loading` hook prepares its weights for the device (e.g. their GEMM dtype).
+by the checkpoint: missing or unexpected tensors are an error naming them.
 """
 
 from __future__ import annotations
@@ -73,8 +72,4 @@ def load_model(model_config: ModelConfig, device: torch.device) -> nn.Module:
     with torch.device(device), _default_dtype(model_config.dtype):
         model = model_class(model_config.hf_config)
     load_weights(model, Path(model_config.model))
-    for module in model.modules():
-        prepare = getattr(module, "process_weights_after_loading", None)
-        if prepare is not None:
-            prepare()
     return model.eval()

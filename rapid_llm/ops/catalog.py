@@ -7,9 +7,19 @@ torch_ref is the always-available reference (the correctness oracle) of every op
 
 from __future__ import annotations
 
+from typing import Any
+
 from rapid_llm.ops.registry import register_op
 
 REFERENCE = "torch_ref"
+
+
+def _fp32_pays_off(x: Any, *rest: Any) -> bool:
+    # Imported on call: this module stays torch-free for the launcher; after the first call it is a lookup.
+    from rapid_llm.ops.cpu_half import fp32_pays_off
+
+    return fp32_pays_off(x)
+
 
 register_op(name="rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:rms_norm")
 register_op(name="rms_norm", backend="torch_fused", fn="rapid_llm.ops.rms_norm_fused:rms_norm", priority=-10,
@@ -18,10 +28,8 @@ register_op(name="fused_add_rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm
 register_op(name="silu_and_mul", backend=REFERENCE, fn="rapid_llm.ops.activation:silu_and_mul")
 register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary:rotary_embedding")
 register_op(name="linear", backend=REFERENCE, fn="torch.nn.functional:linear")
-# Chosen exactly when the layer keeps an fp32 weight for lower-precision activations (see cpu_half.py).
 register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:linear", priority=10,
-            conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
-                        "predicate": lambda x, weight, *bias: weight.dtype != x.dtype})
+            conditions={"device": "cpu", "dtype": ["bf16", "fp16"], "predicate": _fp32_pays_off})
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.

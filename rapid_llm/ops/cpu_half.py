@@ -1,16 +1,15 @@
 """bf16/fp16 models on CPUs whose oneDNN has no native bf16/fp16 kernels (e.g. AVX2): compute in fp32.
 
-There a bf16 GEMM is 4-10x slower than the same GEMM in fp32 and bf16 attention ~3x slower (one
-thread, AVX2: [8, 256] x [256, 768] 0.53 vs 0.12 ms, [1024, 256] x [256, 768] 63 vs 6.4 ms, a decode
-attention over 192 keys 1.03 vs 0.37 ms with the upcast). So linear layers keep their weights in fp32
-(`weight_dtype`, applied once after loading) and the `cpu_fp32` linear casts activations up and the
-result back; attention casts its inputs to `compute_dtype`. Activations, the KV cache and every
-other op stay in the model dtype. The roundings match the half kernels' (half inputs, fp32
-accumulation, one rounding of the output); only the summation order may differ.
+There a bf16 GEMM costs about one GEMV per row, so from a few rows on fp32 is several times faster
+even counting the weight's conversion on the fly ([32, 2560] x [2560, 768]: 16.6 ms in bf16, 3.8 ms
+converting to fp32, one thread), while a one-row decode GEMV is as fast or faster in bf16 (it reads
+half the bytes). So the `cpu_fp32` linear takes calls with at least `MIN_FP32_ROWS` rows (prefill
+chunks, batched decodes) and casts inputs and weight up and the result back; weights stay stored in
+the model dtype. Attention casts its inputs to `compute_dtype` (a decode over 192 keys: 1.03 vs
+0.37 ms). Roundings match the half kernels' (half inputs, fp32 accumulation, one output rounding).
 
 Usage:
-    weight = weight.to(weight_dtype(device, model_dtype))  # by the layer, after loading
-    ops.linear(x, weight, bias)  # dispatches to `linear` here when the weight is fp32 and x is not
+    ops.linear(x, weight, bias)  # dispatches to `linear` here when `fp32_pays_off(x)`
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from rapid_llm.config.dtypes import dtype_name
-from rapid_llm.ops.registry import REGISTRY
 
-LINEAR_BACKEND = "cpu_fp32"
+MIN_FP32_ROWS = 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype)).to(x.dtype)
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 @lru_cache(maxsize=None)
@@ -45,8 +43,6 @@ def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if device.type == "cpu" and cpu_lacks_half_kernels(dtype) else dtype
 
 
-def weight_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The dtype linear weights are kept in for a model of `dtype` on `device`."""
-    if REGISTRY.override("linear") not in (None, LINEAR_BACKEND):
-        return dtype  # pinned to an implementation that takes weights in the model dtype
-    return compute_dtype(device, dtype)
+def fp32_pays_off(x: torch.Tensor) -> bool:
+    """Whether a linear over `x` is faster in fp32 (see the module docstring)."""
+    return x.shape[0] >= MIN_FP32_ROWS and compute_dtype(x.device, x.dtype) is torch.float32

@@ -144,10 +144,6 @@ class OpRegistry:
                 raise ValueError(f"{source}: op {name!r} has no backend {backend!r}; "
                                  f"its backends: {', '.join(known[name])}")
 
-    def override(self, name: str) -> str | None:
-        """The backend `name` is pinned to, if any."""
-        return self._overrides.get(name)
-
     def set_overrides(self, overrides: dict[str, str]) -> None:
         self.check_overrides(overrides)
         self._overrides = dict(overrides)

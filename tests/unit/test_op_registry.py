@@ -15,6 +15,8 @@ import torch
 from rapid_llm import ops
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.layers.layernorm import RMSNorm
+from rapid_llm.ops.cpu_half import MIN_FP32_ROWS, cpu_lacks_half_kernels, fp32_pays_off
+from rapid_llm.ops.cpu_half import linear as cpu_fp32_linear
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
@@ -260,17 +262,17 @@ def test_implementation_matches_torch_ref(op: str, backend: str, dtype: str, tok
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("tokens", [1, 33])
-def test_cpu_fp32_linear_takes_fp32_weights_and_matches_the_reference(dtype: str, tokens: int) -> None:
-    """Chosen by dispatch exactly when the weight is fp32 and the activations are not; its result is the
-    reference's (half inputs, fp32 accumulation, one rounding) up to summation order."""
+@pytest.mark.parametrize("tokens", [1, 3, 4, 33])
+def test_cpu_fp32_linear_is_chosen_for_enough_rows_where_half_kernels_are_missing(dtype: str, tokens: int) -> None:
+    """Dispatch picks it exactly when fp32 pays off; its result is the half GEMM's (half inputs, fp32
+    accumulation, one rounding) up to summation order."""
     half = dtype_from_name(dtype)
     torch.manual_seed(tokens)
     x, weight, bias = OP_INPUTS["linear"](tokens, half)
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(half)
-    actual = ops.linear(x, weight.float(), bias)
-    assert actual.dtype == half
-    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
-    assert ops.linear(x, weight, bias).dtype == half  # same-dtype weights keep the reference
-    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": True}).backend == "cpu_fp32"
-    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": False}).backend == "torch_ref"
+    torch.testing.assert_close(ops.linear(x, weight, bias), expected)
+    wanted = tokens >= MIN_FP32_ROWS and cpu_lacks_half_kernels(half)
+    assert fp32_pays_off(x) is wanted
+    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": wanted}).backend == ("cpu_fp32" if wanted else
+                                                                                    "torch_ref")
+    torch.testing.assert_close(cpu_fp32_linear(x, weight, bias), expected, rtol=0, atol=0)

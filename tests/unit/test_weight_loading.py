@@ -17,8 +17,6 @@ from rapid_llm.models.weight_mapping import (
     expected_shards,
     map_checkpoint_name,
 )
-from rapid_llm.ops import REGISTRY
-from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
 
 
@@ -64,21 +62,6 @@ def test_sharded_checkpoint_loads_the_same_weights(tmp_path: Path) -> None:
 
 def test_weights_are_cast_to_the_requested_dtype(tiny_checkpoint) -> None:
     model = load_model(ModelConfig.from_pretrained(str(tiny_checkpoint()), dtype="bfloat16"), torch.device("cpu"))
-    gemm = {name for name, module in model.named_modules() if hasattr(module, "process_weights_after_loading")}
-    dtypes = {name: p.dtype for name, p in model.named_parameters()}
-    assert {dtype for name, dtype in dtypes.items() if name.rsplit(".", 1)[0] not in gemm} == {torch.bfloat16}
-    # GEMM weights are kept in the dtype their linear computes in on this CPU (fp32 without bf16 kernels).
-    gemm_dtype = compute_dtype(torch.device("cpu"), torch.bfloat16)
-    assert {dtype for name, dtype in dtypes.items() if name.rsplit(".", 1)[0] in gemm} == {gemm_dtype}
-
-
-def test_gemm_weights_stay_in_the_model_dtype_when_linear_is_pinned_to_the_reference(tiny_checkpoint) -> None:
-    REGISTRY.set_overrides({"linear": "torch_ref"})
-    try:
-        model = load_model(ModelConfig.from_pretrained(str(tiny_checkpoint()), dtype="bfloat16"),
-                           torch.device("cpu"))
-    finally:
-        REGISTRY.set_overrides({})
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
