@@ -22,9 +22,10 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: s
     copy_weight(param.data, loaded)
 
 
-def keep_gemm_weight_in_compute_dtype(module: nn.Module) -> None:
-    """After loading: give `module.weight` the dtype `ops.linear` computes in on its device (fp32 for
+def keep_gemm_weight_in_compute_dtype(module: nn.Module, name: str = "weight") -> None:
+    """After loading: give `module.<name>` the dtype `ops.linear` computes in on its device (fp32 for
     half-precision models on CPUs without half GEMMs; see ops/cpu_half.py). A tied weight is untied."""
-    wanted = weight_dtype(module.weight.device, module.weight.dtype)
-    if wanted != module.weight.dtype:
-        module.weight = nn.Parameter(module.weight.data.to(wanted), requires_grad=False)
+    weight = getattr(module, name)
+    wanted = weight_dtype(weight.device, weight.dtype)
+    if wanted != weight.dtype:
+        setattr(module, name, nn.Parameter(weight.data.to(wanted), requires_grad=False))
