@@ -1,10 +1,13 @@
 """Llama, and the decoder block the Llama family (Mistral, Qwen2, Qwen3) shares.
 
 Family members differ only in switches: biases on the projections and per-head q/k RMSNorm.
-They subclass `LlamaForCausalLM` and set those switches, so each family file stays a few lines.
+They subclass `LlamaForCausalLM` and set those switches, so each family file stays a few lines;
+a model with another MLP per layer (MoE) overrides `make_mlp`.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
@@ -60,11 +63,15 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v, batch.attention))
 
 
+def require_silu(config: PretrainedConfig) -> None:
+    if config.hidden_act != "silu":
+        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; Llama-family models use 'silu'")
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        if config.hidden_act != "silu":
-            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; Llama-family models use 'silu'")
+        require_silu(config)
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
         self.act_fn = SiluAndMul()
@@ -75,11 +82,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool,
-                 o_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, mlp: nn.Module,
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm)
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -97,13 +104,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, make_mlp: Callable[[PretrainedConfig, int], nn.Module],
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One cos/sin table for all layers: it can be tens of MiB at long context.
         rotary_emb = get_rope(config, attention_head_dim(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm)
+            LlamaDecoderLayer(config, i, rotary_emb, make_mlp(config, i), qkv_bias, o_bias, qk_norm)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -124,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         if get_tp_size() > 1 and config.vocab_size % get_tp_size():
             raise ValueError("vocab_size must divide evenly over tensor-parallel ranks")
         self.config = config
-        self.model = LlamaModel(config, **self.attention_options(config))
+        self.model = LlamaModel(config, self.make_mlp, **self.attention_options(config))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -133,6 +141,10 @@ class LlamaForCausalLM(nn.Module):
     def attention_options(config: PretrainedConfig) -> dict[str, bool]:
         bias = getattr(config, "attention_bias", False)
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
+
+    @staticmethod
+    def make_mlp(config: PretrainedConfig, layer_id: int) -> nn.Module:
+        return LlamaMLP(config)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch)

@@ -17,6 +17,7 @@ _MODELS: dict[str, str] = {
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

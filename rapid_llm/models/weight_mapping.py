@@ -1,18 +1,24 @@
 """Checkpoint-name -> parameter-name mapping, declared per model in one place.
 
 A model lists which checkpoint matrices it stacks into one parameter (q/k/v into qkv_proj,
-gate/up into gate_up_proj) as `StackedParam`s; everything else maps by identical name.
+gate/up into gate_up_proj, every expert's gate/up/down into [E, ...] tensors) as `StackedParam`s;
+everything else maps by identical name. Names match as dotted runs of path components; in a
+checkpoint pattern `{e}` stands for an expert's index, which becomes part of the shard id.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+EXPERT = "{e}"
+ShardId = str | int | tuple[int, str | int]
+
 
 class StackedParam(NamedTuple):
-    param: str  # module name in the model, e.g. "qkv_proj"
-    checkpoint: str  # module name in the checkpoint, e.g. "q_proj"
-    shard_id: str | int  # which slice of the stacked parameter it fills
+    param: str  # module name in the model, e.g. "qkv_proj" or "experts.w13_weight"
+    checkpoint: str  # module name in the checkpoint, e.g. "q_proj" or "experts.{e}.gate_proj.weight"
+    shard_id: str | int  # which slice of the stacked parameter it fills ((expert, shard_id) for {e} patterns)
+    num_experts: int = 0  # how many experts an {e} pattern covers
 
 
 LLAMA_STACKED_PARAMS: tuple[StackedParam, ...] = (
@@ -23,32 +29,69 @@ LLAMA_STACKED_PARAMS: tuple[StackedParam, ...] = (
     StackedParam("gate_up_proj", "up_proj", 1),
 )
 
+
+def expert_stacked_params(num_experts: int) -> tuple[StackedParam, ...]:
+    """Per-expert checkpoint matrices stacked into a fused-MoE layer's w13 ([gate | up]) and w2 (down).
+    Listed before LLAMA_STACKED_PARAMS so `experts.{e}.gate_proj` is not taken for a dense gate_proj."""
+    return tuple(StackedParam(f"experts.{param}", f"experts.{EXPERT}.{proj}.weight", shard, num_experts)
+                 for param, proj, shard in (("w13_weight", "gate_proj", "gate"), ("w13_weight", "up_proj", "up"),
+                                            ("w2_weight", "down_proj", "down")))
+
+
 # Non-parameter tensors some older checkpoints carry; they are recomputed, never loaded.
 IGNORED_CHECKPOINT_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
 
-def map_checkpoint_name(name: str, stacked: tuple[StackedParam, ...]) -> tuple[str, str | int | None]:
+def _find(parts: list[str], pattern: list[str]) -> tuple[int, int | None] | None:
+    """(start, expert index or None) of the first run of `parts` matching `pattern`, else None."""
+    for start in range(len(parts) - len(pattern) + 1):
+        window = parts[start:start + len(pattern)]
+        if all(got == want or (want == EXPERT and got.isdigit()) for got, want in zip(window, pattern)):
+            expert = next((int(got) for got, want in zip(window, pattern) if want == EXPERT), None)
+            return start, expert
+    return None
+
+
+def _replace(name: str, old: str, new: str) -> tuple[str, int | None] | None:
+    parts, pattern = name.split("."), old.split(".")
+    found = _find(parts, pattern)
+    if found is None:
+        return None
+    start, expert = found
+    parts[start:start + len(pattern)] = new.split(".")
+    return ".".join(parts), expert
+
+
+def _shard_ids(entry: StackedParam) -> list[ShardId]:
+    if EXPERT in entry.checkpoint:
+        return [(expert, entry.shard_id) for expert in range(entry.num_experts)]
+    return [entry.shard_id]
+
+
+def map_checkpoint_name(name: str, stacked: tuple[StackedParam, ...]) -> tuple[str, ShardId | None]:
     """Return (parameter name, shard id) for a checkpoint tensor name."""
-    parts = name.split(".")
     for entry in stacked:
-        if entry.checkpoint in parts:
-            parts[parts.index(entry.checkpoint)] = entry.param
-            return ".".join(parts), entry.shard_id
+        found = _replace(name, entry.checkpoint, entry.param)
+        if found is not None:
+            param_name, expert = found
+            return param_name, entry.shard_id if expert is None else (expert, entry.shard_id)
     return name, None
 
 
-def expected_shards(param_name: str, stacked: tuple[StackedParam, ...]) -> set[str | int | None]:
+def expected_shards(param_name: str, stacked: tuple[StackedParam, ...]) -> set[ShardId | None]:
     """Shard ids a parameter must receive before it is fully loaded."""
-    module = param_name.split(".")
-    shard_ids = {entry.shard_id for entry in stacked if entry.param in module}
+    parts = param_name.split(".")
+    shard_ids = {shard for entry in stacked if _find(parts, entry.param.split(".")) is not None
+                 for shard in _shard_ids(entry)}
     return shard_ids or {None}
 
 
-def checkpoint_name_of(param_name: str, shard_id: str | int | None, stacked: tuple[StackedParam, ...]) -> str:
+def checkpoint_name_of(param_name: str, shard_id: ShardId | None, stacked: tuple[StackedParam, ...]) -> str:
     """The checkpoint tensor name a (parameter, shard) loads from, for error messages."""
     for entry in stacked:
-        parts = param_name.split(".")
-        if entry.shard_id == shard_id and entry.param in parts:
-            parts[parts.index(entry.param)] = entry.checkpoint
-            return ".".join(parts)
+        if shard_id in _shard_ids(entry):
+            expert = shard_id[0] if isinstance(shard_id, tuple) else None
+            found = _replace(param_name, entry.param, entry.checkpoint.replace(EXPERT, str(expert)))
+            if found is not None:
+                return found[0]
     return param_name

@@ -14,6 +14,7 @@ silu_and_mul = REGISTRY.op("silu_and_mul")
 rotary_embedding = REGISTRY.op("rotary_embedding")
 linear = REGISTRY.op("linear")
 kv_cache_store = REGISTRY.op("kv_cache_store")
+fused_moe = REGISTRY.op("fused_moe")
 
-__all__ = ["REGISTRY", "catalog", "fused_add_rms_norm", "kv_cache_store", "linear", "rms_norm", "rotary_embedding",
+__all__ = ["REGISTRY", "catalog", "fused_add_rms_norm", "fused_moe", "kv_cache_store", "linear", "rms_norm", "rotary_embedding",
            "silu_and_mul"]

@@ -30,6 +30,7 @@ register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary
 register_op(name="linear", backend=REFERENCE, fn="torch.nn.functional:linear")
 register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:linear", priority=10,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"], "predicate": _fp32_pays_off})
+register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:fused_moe")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.

@@ -22,7 +22,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                           "Qwen3MoeForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -49,11 +50,17 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "Qwen2ForCausalLM": transformers.Qwen2Config,
     "Qwen3ForCausalLM": transformers.Qwen3Config,
     "MistralForCausalLM": transformers.MistralConfig,
+    "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
 # derives it from the hidden size instead of reading the config fails loudly.
-_ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {"Qwen3ForCausalLM": {"head_dim": 32}}
+# Qwen3-MoE: 4 experts, top-2, and a dense middle layer (mlp_only_layers) so both MLP kinds are checked.
+_ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
+    "Qwen3ForCausalLM": {"head_dim": 32},
+    "Qwen3MoeForCausalLM": {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                            "moe_intermediate_size": 48, "norm_topk_prob": True, "mlp_only_layers": [1]},
+}
 
 _CORPUS = r'''
 The server reads a request, turns the prompt into tokens, and schedules it with the other requests that are

@@ -222,6 +222,8 @@ OP_INPUTS: dict[str, Callable[[int, torch.dtype], tuple[Any, ...]]] = {
     "rotary_embedding": _rotary_args,
     "linear": lambda t, d: (torch.randn(t, 48, dtype=d), torch.randn(24, 48, dtype=d), torch.randn(24, dtype=d)),
     "kv_cache_store": _kv_store_args,
+    "fused_moe": lambda t, d: (torch.randn(t, 32, dtype=d), torch.randn(t, 4, dtype=d),
+                               torch.randn(4, 2 * 16, 32, dtype=d), torch.randn(4, 32, 16, dtype=d), 2, True),
 }
 IMPLEMENTATIONS = [(op, backend) for op, backends in REGISTRY.backends().items() if op != "attention"
                    for backend in backends]

