@@ -11,7 +11,7 @@ generates one token and drops it, as vLLM does, so only the prompt is scored. vL
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -74,41 +74,35 @@ class CompletionFormat:
         return None
 
     def _logprobs(self, index: int, output: ChoiceOutput, echo: Prompt | None) -> dict[str, list[Any]]:
-        tokens: list[str] = []
-        token_logprobs: list[float | None] = []
-        top_logprobs: list[dict[str, float] | None] = []
-        text_offset: list[int] = []
+        layout: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = self._offsets.get(index, 0)
-        entries: list[tuple[int, TokenLogprobs | None]] = []
         if echo is not None:
             # The first prompt token has no logprob; the rest arrive with the choice's first output.
-            entries = list(zip(echo.token_ids, [None, *output.prompt_logprobs]))
-        entries.extend(zip(output.token_ids, output.logprobs))
+            self._add_entries(layout, zip(echo.token_ids, [None, *output.prompt_logprobs]), offset)
+            # The output's offsets count from the end of the echoed text, not of its tokens' strings.
+            offset += len(echo.text or "")
+        self._offsets[index] = self._add_entries(layout, zip(output.token_ids, output.logprobs), offset)
+        return layout
+
+    def _add_entries(self, layout: dict[str, list[Any]], entries: Iterable[tuple[int, TokenLogprobs | None]],
+                     offset: int) -> int:
+        """Append tokens to the legacy layout from text offset `offset`; returns the offset after them."""
         for token_id, entry in entries:
             token = self.token_strings(token_id)
-            tokens.append(token)
-            text_offset.append(offset)
+            layout["tokens"].append(token)
+            layout["text_offset"].append(offset)
             offset += len(token)
             if entry is None:
-                token_logprobs.append(None)
-                top_logprobs.append(None)
+                layout["token_logprobs"].append(None)
+                layout["top_logprobs"].append(None)
                 continue
-            token_logprobs.append(clamp_logprob(entry.logprob))
+            layout["token_logprobs"].append(clamp_logprob(entry.logprob))
             # Like vLLM, the chosen token is always listed, alongside the requested top ones.
             top = {token: clamp_logprob(entry.logprob)}
             for top_id, top_logprob in list(zip(entry.top_token_ids, entry.top_logprobs))[: self.logprobs]:
                 top.setdefault(self.token_strings(top_id), clamp_logprob(top_logprob))
-            top_logprobs.append(top)
-        if echo is not None:
-            # The output's offsets count from the end of the echoed text, not of its tokens' strings.
-            offset = len(echo.text or "") + sum(len(self.token_strings(t)) for t in output.token_ids)
-        self._offsets[index] = offset
-        return {
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "top_logprobs": top_logprobs,
-            "text_offset": text_offset,
-        }
+            layout["top_logprobs"].append(top)
+        return offset
 
     def _vllm_prompt_logprobs(self, prompt_ids: list[int],
                               entries: list[TokenLogprobs]) -> list[dict[str, dict[str, Any]] | None]:

@@ -126,6 +126,10 @@ class Receiver(Generic[T]):
     def recv(self) -> T:
         """The next message; in an engine child a signal wakes the wait, so its handler runs at once."""
         if self._poller is not None:
+            # A message already queued (the busy case) costs no poll.
+            message = self.recv_nowait()
+            if message is not None:
+                return message
             while self.socket not in dict(self._poller.poll()):
                 drain_wakeups()
         return self._decoder.decode(self.socket.recv(copy=False).buffer)

@@ -102,6 +102,16 @@ def test_streamed_echo_starts_with_the_prompt(server, reference) -> None:
     assert streamed == len(PROMPT_IDS) + 4
 
 
+def test_echoed_text_offsets_continue_after_the_prompt_text(server) -> None:
+    # The first prompt token is a special token: its string is listed, yet the echoed text leaves it out.
+    body = {"prompt": PROMPT_IDS, "max_tokens": 3, "echo": True, "logprobs": 0, "temperature": 0}
+    choice = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    offsets, tokens = choice["logprobs"]["text_offset"], choice["logprobs"]["tokens"]
+    generated_text = "".join(tokens[len(PROMPT_IDS):])
+    assert choice["text"].endswith(generated_text)
+    assert offsets[len(PROMPT_IDS)] == len(choice["text"]) - len(generated_text)
+
+
 def test_max_tokens_0_without_echo_is_refused(server) -> None:
     response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 0},
                           timeout=30)
