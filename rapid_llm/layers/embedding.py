@@ -2,7 +2,9 @@
 
 Each rank holds a contiguous slice of (padded) vocabulary rows. The embedding zeroes ids
 outside its slice and all-reduces; the head computes its slice of logits and all-gathers.
-With `tie_word_embeddings` the model points the head's weight at the embedding's.
+With `tie_word_embeddings` the model points the head's weight at the embedding's, so the head keeps
+`weight` as loaded and computes logits from `logits_weight`: the same tensor, or its copy in the
+format of the linear kernel `prepare_weights` selects (e.g. oneDNN-packed on CPU).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from rapid_llm.layers.linear import select_linear_kernel
 from rapid_llm.layers.weight_utils import copy_weight
+from rapid_llm.ops.linear_kernel import TORCH_LINEAR
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,6 +48,16 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (float32 is left to the sampler)."""
 
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__(vocab_size, hidden_size)
+        self.kernel = TORCH_LINEAR
+        self.logits_weight: torch.Tensor | None = None
+
+    def prepare_weights(self) -> None:
+        self.kernel = select_linear_kernel(self.weight)
+        self.logits_weight = self.kernel.prepare(self.weight.data)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = tp_all_gather(ops.linear(hidden_states, self.weight), dim=-1)
+        weight = self.weight if self.logits_weight is None else self.logits_weight
+        logits = tp_all_gather(self.kernel(hidden_states, weight), dim=-1)
         return logits[..., : self.vocab_size]

@@ -3,8 +3,9 @@
 Column-parallel layers shard the output features over tensor-parallel ranks, row-parallel
 layers shard the input features and all-reduce. Merged layers (q/k/v, gate/up) hold several
 checkpoint matrices stacked in one weight so one GEMM serves them all; their `weight_loader`
-takes a `shard_id` saying which slice a checkpoint tensor fills. Weights are unquantized; there
-is no interface for other weight formats yet.
+takes a `shard_id` saying which slice a checkpoint tensor fills. After loading, `prepare_weights`
+selects the layer's linear kernel (the "linear" op, for the weight's device and dtype) and stores
+the weight in that kernel's format (rapid_llm/ops/linear_kernel.py); quantized formats plug in there.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from rapid_llm import ops
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from rapid_llm.ops.linear_kernel import TORCH_LINEAR, LinearKernel
+from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader
 
 
@@ -25,9 +27,14 @@ def _divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
+def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
+    return REGISTRY.select("linear", weight.device, weight.dtype).fn
+
+
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
+        self.kernel: LinearKernel = TORCH_LINEAR  # until prepare_weights: the checkpoint layout
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -39,8 +46,13 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         default_weight_loader(param, loaded, shard_id)
 
+    def prepare_weights(self) -> None:
+        """Once, after loading: pick the kernel and put the weight in its format."""
+        self.kernel = select_linear_kernel(self.weight)
+        self.weight = nn.Parameter(self.kernel.prepare(self.weight.data), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias)
+        return self.kernel(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -115,5 +127,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Bias after the reduce, so it is added once rather than once per rank.
-        output = tp_all_reduce(ops.linear(x, self.weight))
+        output = tp_all_reduce(self.kernel(x, self.weight))
         return output + self.bias if self.bias is not None else output

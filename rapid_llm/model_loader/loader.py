@@ -2,7 +2,8 @@
 
 Parameters are created directly on the device in the model dtype, and each checkpoint tensor
 is copied into its parameter once (the copy casts). Every parameter must be filled exactly
-by the checkpoint: missing or unexpected tensors are an error naming them.
+by the checkpoint: missing or unexpected tensors are an error naming them. Then every layer with a
+`prepare_weights` hook puts its weights in the format of the kernel it selects (linear layers).
 """
 
 from __future__ import annotations
@@ -72,4 +73,7 @@ def load_model(model_config: ModelConfig, device: torch.device) -> nn.Module:
     with torch.device(device), _default_dtype(model_config.dtype):
         model = model_class(model_config.hf_config)
     load_weights(model, Path(model_config.model))
+    for module in model.modules():
+        if hasattr(module, "prepare_weights"):
+            module.prepare_weights()
     return model.eval()

@@ -7,19 +7,9 @@ torch_ref is the always-available reference (the correctness oracle) of every op
 
 from __future__ import annotations
 
-from typing import Any
-
 from rapid_llm.ops.registry import register_op
 
 REFERENCE = "torch_ref"
-
-
-def _fp32_pays_off(x: Any, *rest: Any) -> bool:
-    # Imported on call: this module stays torch-free for the launcher; after the first call it is a lookup.
-    from rapid_llm.ops.cpu_half import fp32_pays_off
-
-    return fp32_pays_off(x)
-
 
 register_op(name="rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:rms_norm")
 register_op(name="rms_norm", backend="torch_fused", fn="rapid_llm.ops.rms_norm_fused:rms_norm", priority=-10,
@@ -27,9 +17,15 @@ register_op(name="rms_norm", backend="torch_fused", fn="rapid_llm.ops.rms_norm_f
 register_op(name="fused_add_rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:fused_add_rms_norm")
 register_op(name="silu_and_mul", backend=REFERENCE, fn="rapid_llm.ops.activation:silu_and_mul")
 register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary:rotary_embedding")
-register_op(name="linear", backend=REFERENCE, fn="torch.nn.functional:linear")
-register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:linear", priority=10,
-            conditions={"device": "cpu", "dtype": ["bf16", "fp16"], "predicate": _fp32_pays_off})
+# Linear implementations are LinearKernels (rapid_llm/ops/linear_kernel.py): a layer selects one per weight and
+# stores the weight in the kernel's format; `ops.linear` dispatches calls on checkpoint-layout weights.
+register_op(name="linear", backend=REFERENCE, fn="rapid_llm.ops.linear_kernel:TORCH_LINEAR")
+register_op(name="linear", backend="onednn", fn="rapid_llm.ops.onednn_linear:ONEDNN_LINEAR", priority=20,
+            conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
+                        "check": "rapid_llm.ops.onednn_linear:onednn_half_kernels_missing"})
+register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP32_LINEAR", priority=10,
+            conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
+                        "check": "rapid_llm.ops.cpu_half:half_kernels_missing"})
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:fused_moe")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per

@@ -3,7 +3,9 @@
 Kinds: `device` ("cpu"/"cuda" or a list), `sm` (">=9.0": the CUDA device's compute capability;
 fails on any other device), `dtype` (a list of "fp32"/"bf16"/"fp16" or full names), `lib` (an
 optional module, or a list: a missing one is a skip reason, never an import error) and `predicate`
-(a callable on the call's arguments, for shape conditions). A check returns why an implementation
+(a callable on the call's arguments, for shape conditions) and `check` (a "module:function" string
+for what only a probe can tell, such as a CPU instruction set or a buildable extension: called once
+with (device_type, dtype), it returns a skip reason or None). A check returns why an implementation
 is skipped, or None when it holds. Nothing here imports torch: the launcher parses conditions too.
 """
 
@@ -18,12 +20,19 @@ from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 
-CONDITION_KINDS = ("device", "sm", "dtype", "lib", "predicate")
+CONDITION_KINDS = ("device", "sm", "dtype", "lib", "predicate", "check")
 DEVICE_TYPES = ("cpu", "cuda")
 _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt,
 }
 _SM_PATTERN = re.compile(r"\s*(>=|<=|==|>|<)?\s*(\d+)\.(\d+)\s*")
+
+
+@lru_cache(maxsize=None)
+def run_check(check: str, device_type: str, dtype: str) -> str | None:
+    """The skip reason a `check` function gives for (device_type, dtype), imported and run once per key."""
+    module, _, attribute = check.partition(":")
+    return getattr(importlib.import_module(module), attribute)(device_type, dtype)
 
 
 @lru_cache(maxsize=None)
@@ -49,6 +58,7 @@ class Conditions:
     dtypes: tuple[str, ...] | None = None  # canonical names ("bfloat16")
     libs: tuple[str, ...] | None = None
     predicate: Callable[..., bool] | None = None
+    check: str | None = None  # "module:function"
 
     @classmethod
     def parse(cls, conditions: dict[str, Any] | None) -> Conditions:
@@ -74,7 +84,10 @@ class Conditions:
         predicate = conditions.get("predicate")
         if predicate is not None and not callable(predicate):
             raise ValueError(f"condition predicate must be callable, got {predicate!r}")
-        return cls(devices, sm, dtypes, libs, predicate)
+        check = conditions.get("check")
+        if check is not None and (not isinstance(check, str) or ":" not in check):
+            raise ValueError(f"condition check must be a 'module:function' string, got {check!r}")
+        return cls(devices, sm, dtypes, libs, predicate, check)
 
     def static_skip_reason(self, device_type: str, dtype: str,
                            capability: Callable[[], tuple[int, int]]) -> str | None:
@@ -97,4 +110,6 @@ class Conditions:
         for lib in self.libs or ():
             if not library_available(lib):
                 return f"optional library {lib!r} is not installed"
+        if self.check is not None:
+            return run_check(self.check, device_type, dtype)
         return None

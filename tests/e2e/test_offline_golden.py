@@ -1,6 +1,7 @@
 """Offline LLM and scheduling golden tests: greedy tokens are identical (and equal transformers')
-with async scheduling on and off, with a tiny and a large token budget, and with so few KV blocks
-that preemption happens versus plenty."""
+with async scheduling on and off, with a tiny and a large token budget, with so few KV blocks
+that preemption happens versus plenty, and with every op forced to its torch reference versus
+the implementations dispatch picks (`auto`), in fp32 and in bf16."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from rapid_llm import LLM, SamplingParams
+from rapid_llm.ops.registry import REGISTRY
 from tests.e2e.server import wait_gone
 from tests.hf_reference import hf_greedy, hf_model
 
@@ -27,6 +29,13 @@ def expected(checkpoint, prompts) -> list[list[int]]:
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+ALL_REFERENCE = {"op_backend": ",".join(f"{op}=torch_ref" for op in REGISTRY.backends())}
+SCHEDULES = {
+    "async-default": {},
+    "lock-step": {"disable_async_scheduling": True},
+    "tiny-budget-chunked": {"max_num_batched_tokens": 8},
+    "preemption": {"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80},
+}
 
 
 @pytest.mark.parametrize(
@@ -37,6 +46,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_T
         pytest.param({"max_num_batched_tokens": 8}, id="tiny-budget-chunked"),
         pytest.param({"max_num_batched_tokens": 8, "disable_async_scheduling": True}, id="tiny-budget-lock-step"),
         pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80}, id="preemption"),
+        pytest.param({**ALL_REFERENCE}, id="reference-ops"),
+        pytest.param({**ALL_REFERENCE, "disable_async_scheduling": True}, id="reference-ops-lock-step"),
+        pytest.param({**ALL_REFERENCE, "max_num_batched_tokens": 8}, id="reference-ops-chunked"),
     ],
 )
 def test_greedy_tokens_match_transformers(checkpoint, prompts, expected, engine_args, capfd) -> None:
@@ -47,6 +59,20 @@ def test_greedy_tokens_match_transformers(checkpoint, prompts, expected, engine_
     assert all(o.finish_reason == "length" for o in outputs)
     if "block_size" in engine_args:
         assert "preempt" in capfd.readouterr().err.lower()
+
+
+def _generate(checkpoint, prompts, engine_args: dict) -> list[list[int]]:
+    with LLM(model=str(checkpoint), **{"num_kv_blocks": 128, **engine_args}) as llm:
+        return [o.token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_bf16_auto_ops_match_reference_ops(tiny_checkpoint, prompts, schedule: str) -> None:
+    """In bf16 dispatch picks other implementations than in fp32 (e.g. oneDNN-packed linear on CPUs with
+    native bf16 kernels); with each schedule they must give the reference ops' greedy tokens."""
+    checkpoint = tiny_checkpoint(dtype=torch.bfloat16)
+    reference = _generate(checkpoint, prompts, {**SCHEDULES[schedule], **ALL_REFERENCE})
+    assert _generate(checkpoint, prompts, SCHEDULES[schedule]) == reference
 
 
 def test_llm_generates_text_and_leaves_no_process(checkpoint) -> None:

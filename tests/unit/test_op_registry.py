@@ -12,11 +12,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from rapid_llm import ops
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.layers.layernorm import RMSNorm
-from rapid_llm.ops.cpu_half import MIN_FP32_ROWS, cpu_lacks_half_kernels, fp32_pays_off
-from rapid_llm.ops.cpu_half import linear as cpu_fp32_linear
+from rapid_llm.layers.linear import LinearBase
+from rapid_llm.ops.cpu_half import CPU_FP32_LINEAR, MIN_FP32_ROWS, cpu_lacks_half_kernels
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
@@ -76,6 +75,27 @@ def test_dtype_condition() -> None:
 @pytest.mark.parametrize(("lib", "chosen"), [(MISSING_LIB, "ref"), (f"{MISSING_LIB}.sub", "ref"), ("json", "fast")])
 def test_lib_condition_a_missing_library_is_a_skip(lib: str, chosen: str) -> None:
     assert two_implementations({"lib": lib}).op("demo")(FakeTensor()) == chosen
+
+
+def holds(device_type: str, dtype: str) -> str | None:
+    return None
+
+
+def refuses(device_type: str, dtype: str) -> str | None:
+    return f"the probe says no on {device_type} for {dtype}"
+
+
+@pytest.mark.parametrize(("check", "chosen"), [(f"{__name__}:holds", "fast"), (f"{__name__}:refuses", "ref")])
+def test_check_condition_runs_a_probe(check: str, chosen: str) -> None:
+    registry = two_implementations({"check": check})
+    assert registry.op("demo")(FakeTensor()) == chosen
+    if chosen == "ref":
+        assert "the probe says no on cpu for float32" in registry.select("demo", "cpu", "fp32").reason
+
+
+def test_check_condition_must_name_a_function() -> None:
+    with pytest.raises(ValueError, match="'module:function'"):
+        two_implementations({"check": "no_colon"})
 
 
 def test_shape_predicate() -> None:
@@ -265,16 +285,44 @@ def test_implementation_matches_torch_ref(op: str, backend: str, dtype: str, tok
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 33])
-def test_cpu_fp32_linear_is_chosen_for_enough_rows_where_half_kernels_are_missing(dtype: str, tokens: int) -> None:
-    """Dispatch picks it exactly when fp32 pays off; its result is the half GEMM's (half inputs, fp32
-    accumulation, one rounding) up to summation order."""
+def test_cpu_fp32_linear_computes_enough_rows_in_fp32(dtype: str, tokens: int) -> None:
+    """It is selected exactly where half kernels are missing; from MIN_FP32_ROWS rows on its result is the
+    half GEMM's (half inputs, fp32 accumulation, one rounding) up to summation order, below it F.linear's."""
     half = dtype_from_name(dtype)
     torch.manual_seed(tokens)
     x, weight, bias = OP_INPUTS["linear"](tokens, half)
-    expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(half)
-    torch.testing.assert_close(ops.linear(x, weight, bias), expected)
-    wanted = tokens >= MIN_FP32_ROWS and cpu_lacks_half_kernels(half)
-    assert fp32_pays_off(x) is wanted
-    assert REGISTRY.select("linear", "cpu", dtype, {"cpu_fp32": wanted}).backend == ("cpu_fp32" if wanted else
-                                                                                    "torch_ref")
-    torch.testing.assert_close(cpu_fp32_linear(x, weight, bias), expected, rtol=0, atol=0)
+    in_fp32 = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(half)
+    expected = in_fp32 if tokens >= MIN_FP32_ROWS else torch.nn.functional.linear(x, weight, bias)
+    torch.testing.assert_close(CPU_FP32_LINEAR(x, weight, bias), expected, rtol=0, atol=0)
+    selected = REGISTRY.select("linear", "cpu", dtype).backend
+    assert (selected == "cpu_fp32") is cpu_lacks_half_kernels(half)
+
+
+LINEAR_BACKENDS = REGISTRY.backends()["linear"]
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
+def test_linear_kernel_on_its_prepared_weight_matches_torch_ref(backend: str, dtype: str, tokens: int) -> None:
+    """Each kernel applied to the weight in its own format (`prepare`), the way linear layers call it."""
+    kernel = _pinned("linear", backend, dtype)
+    torch.manual_seed(tokens)
+    x, weight, bias = OP_INPUTS["linear"](tokens, dtype_from_name(dtype))
+    prepared = kernel.prepare(weight)
+    for with_bias in (bias, None):
+        expected = torch.nn.functional.linear(x.float(), weight.float(),
+                                              None if with_bias is None else with_bias.float()).to(x.dtype)
+        torch.testing.assert_close(kernel(x, prepared, with_bias), expected)
+
+
+def test_linear_layers_select_their_kernel_after_loading() -> None:
+    """A layer computes with the reference until prepare_weights, then with the selected kernel's format."""
+    bf16 = dtype_from_name("bf16")
+    layer, x = LinearBase(48, 24, bias=False).to(bf16), torch.randn(5, 48, dtype=bf16)
+    layer.weight.data.normal_()
+    expected = torch.nn.functional.linear(x, layer.weight)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+    layer.prepare_weights()
+    assert type(layer.kernel) is type(REGISTRY.select("linear", "cpu", "bf16").fn)
+    torch.testing.assert_close(layer(x), expected)
