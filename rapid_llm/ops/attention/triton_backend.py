@@ -17,7 +17,7 @@ import triton
 
 from rapid_llm import ops
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
-from rapid_llm.ops.triton.attention_common import window_or_none
+from rapid_llm.ops.triton.attention_common import kernel_window
 from rapid_llm.ops.triton.attention_decode import decode_attention
 from rapid_llm.ops.triton.attention_prefill import prefill_attention
 
@@ -72,7 +72,7 @@ class TritonAttentionBackend(AttentionBackend):
                              f"{num_kv_heads} KV heads, and the cache contiguous")
         if query.stride(-1) != 1:
             query = query.contiguous()
-        window = window_or_none(sliding_window)
+        window = kernel_window(sliding_window)
         ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         common = (metadata.query_start_loc, metadata.seq_lens, metadata.block_tables)

@@ -35,7 +35,8 @@ def dot_operands(cache: torch.Tensor) -> tuple[tl.dtype, str]:
     return dtype, "ieee" if dtype == tl.float32 else "tf32"
 
 
-def window_or_none(sliding_window: int | None) -> int:
+def kernel_window(sliding_window: int | None) -> int:
+    """The window the kernels mask with: a layer's sliding window, or NO_WINDOW for full attention."""
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"attention: sliding_window must be at least 1, got {sliding_window}")
     return NO_WINDOW if sliding_window is None else sliding_window
