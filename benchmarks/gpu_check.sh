@@ -7,7 +7,9 @@ OUT="${OUT:-/tmp/rapid_llm-gpu-check}"
 mkdir -p "$OUT"
 nvidia-smi | tee "$OUT/nvidia-smi.txt"
 python3 -m pip install -q -e ".[test]" 2>&1 | tail -2
-python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+# Bounded: the gpu-marked tests include the Triton kernels' CUDA runs (tests/kernels), whose first run
+# compiles each kernel specialisation; a hang must not eat the session's device time.
+timeout 600 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
 python3 - <<'PY'
 import torch
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint

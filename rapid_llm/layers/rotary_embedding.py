@@ -73,10 +73,12 @@ def _yarn_inv_freq(params: dict[str, Any], dim: int, device: torch.device | None
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Applies neox-style ("rotate_half") RoPE to the first `rotary_dim` dims of every q/k head.
+    """Applies RoPE to the first `rotary_dim` dims of every q/k head: neox style ("rotate_half", the
+    default) or, with `is_neox_style=False`, gpt-j style (interleaved pairs, e.g. DeepSeek).
 
-    Attributes: `rope_type`, `head_dim`, `rotary_dim`, `max_positions` (positions must be below it for
-    the static types), `attention_scaling` (cos/sin multiplier; yarn's mscale, else 1.0), `inv_freq`.
+    Attributes: `rope_type`, `head_dim`, `rotary_dim`, `is_neox_style`, `max_positions` (positions must be
+    below it for the static types), `attention_scaling` (cos/sin multiplier; yarn's mscale, else 1.0),
+    `inv_freq`.
 
     Dynamic NTK: HF rescales the base from seq_len = max(position_ids) + 1 of the whole forward call
     (only when it exceeds max_position_embeddings). Here each token uses its own sequence's length from
@@ -85,7 +87,8 @@ class RotaryEmbedding(torch.nn.Module):
     prompt length, while here an earlier chunk's tokens use the length reached at the end of that chunk.
     """
 
-    def __init__(self, config: Any, head_dim: int, device: torch.device | None = None) -> None:
+    def __init__(self, config: Any, head_dim: int, device: torch.device | None = None,
+                 is_neox_style: bool = True) -> None:
         super().__init__()
         params = rope_parameters(config)
         self.rope_type: str = params["rope_type"]
@@ -95,6 +98,7 @@ class RotaryEmbedding(torch.nn.Module):
             )
         max_pos = int(config.max_position_embeddings)
         self.head_dim = head_dim
+        self.is_neox_style = is_neox_style
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         self.attention_scaling = 1.0
         self.max_positions = derived_max_model_len(max_pos, params)
@@ -168,9 +172,11 @@ class RotaryEmbedding(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, H*D] or [T, H, D] and k (same with KV heads) with precomputed `cos_sin`
         (shared by every layer of one forward)."""
-        return ops.rotary_embedding(query, key, cos, sin, self.head_dim, self.rotary_dim)
+        return ops.rotary_embedding(query, key, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
 
 
-def get_rope(config: Any, head_dim: int, device: torch.device | None = None) -> RotaryEmbedding:
-    """Build the rotary embedding described by an HF config (rope_parameters, or rope_scaling on 4.x)."""
-    return RotaryEmbedding(config, head_dim, device)
+def get_rope(config: Any, head_dim: int, device: torch.device | None = None,
+             is_neox_style: bool = True) -> RotaryEmbedding:
+    """Build the rotary embedding described by an HF config (rope_parameters, or rope_scaling on 4.x);
+    `is_neox_style=False` rotates interleaved pairs (gpt-j style)."""
+    return RotaryEmbedding(config, head_dim, device, is_neox_style)

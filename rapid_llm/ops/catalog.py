@@ -31,3 +31,20 @@ register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attentio
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
+
+# Triton kernels (rapid_llm/ops/triton/): the default on CUDA when triton is installed, above torch_ref.
+# Elsewhere their device condition fails before anything is imported, so a CPU server never loads triton.
+_TRITON = {"device": "cuda", "lib": "triton"}
+_TRITON_PRIORITY = 20
+register_op(name="rms_norm", backend="triton", fn="rapid_llm.ops.triton.norm:rms_norm", priority=_TRITON_PRIORITY,
+            conditions=_TRITON)
+register_op(name="fused_add_rms_norm", backend="triton", fn="rapid_llm.ops.triton.norm:fused_add_rms_norm",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="silu_and_mul", backend="triton", fn="rapid_llm.ops.triton.activation:silu_and_mul",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="rotary_embedding", backend="triton", fn="rapid_llm.ops.triton.rotary:rotary_embedding",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="kv_cache_store", backend="triton", fn="rapid_llm.ops.triton.kv_cache:write_kv_cache",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.triton_backend:TRITON_BACKEND",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)

@@ -17,6 +17,7 @@ from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import LinearBase
 from rapid_llm.ops.cpu_half import CPU_FP32_LINEAR, MIN_FP32_ROWS, cpu_lacks_half_kernels
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
+from rapid_llm.ops.conditions import library_available
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
 
@@ -207,6 +208,27 @@ def test_the_launcher_checks_names_without_importing_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_triton_is_skipped_on_cpu_with_its_reason_and_never_imported() -> None:
+    code = ("import sys; from rapid_llm.ops.registry import REGISTRY; import rapid_llm.ops; "
+            "described = [REGISTRY.describe('cpu', dtype) for dtype in ('float32', 'bfloat16', 'float16')]; "
+            "reason = REGISTRY.select('attention', 'cpu', 'bfloat16').reason; "
+            "assert 'skipped triton: needs device cuda, the call is on cpu' in reason, reason; "
+            "assert not [m for m in sys.modules if m == 'triton' or m.startswith('triton.')], 'triton imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not library_available("triton"), reason="triton is not installed")
+def test_triton_is_the_default_on_cuda() -> None:
+    # In a child: selecting imports the kernel modules, and this process must not import triton before
+    # tests/kernels/conftest.py chooses its interpreter mode.
+    ops_with_triton = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store",
+                       "attention"]
+    code = ("import json; from rapid_llm.ops.registry import REGISTRY; import rapid_llm.ops; "
+            f"print(json.dumps([REGISTRY.select(op, 'cuda', 'bfloat16').backend for op in {ops_with_triton!r}]))")
+    chosen = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert chosen == ["triton"] * len(ops_with_triton)
+
+
 def test_layers_dispatch_through_the_registry() -> None:
     norm, x = RMSNorm(32), torch.randn(3, 32)
     norm.weight.data.normal_()
@@ -221,8 +243,9 @@ def test_layers_dispatch_through_the_registry() -> None:
 def _rotary_args(tokens: int, dtype: torch.dtype) -> tuple[Any, ...]:
     head_dim, rotary_dim = 16, 8  # partial rotary: the trailing dims pass through
     angles = torch.rand(tokens, 1, rotary_dim // 2) * 6
+    is_neox_style = tokens % 2 == 1  # the parametrised token counts cover both styles
     return (torch.randn(tokens, 4 * head_dim, dtype=dtype), torch.randn(tokens, 2 * head_dim, dtype=dtype),
-            angles.cos().to(dtype), angles.sin().to(dtype), head_dim, rotary_dim)
+            angles.cos().to(dtype), angles.sin().to(dtype), head_dim, rotary_dim, is_neox_style)
 
 
 def _kv_store_args(tokens: int, dtype: torch.dtype) -> tuple[Any, ...]:

@@ -211,6 +211,57 @@ def test_partial_rotary_factor_rotates_only_the_leading_dims() -> None:
     torch.testing.assert_close(k_out_heads[..., :rotary_dim], k_ref, atol=1e-5, rtol=0)
 
 
+def _gptj_formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Pair (x[2i], x[2i+1]) rotated by angle i, one pair at a time, in float64."""
+    out = x.double().clone()
+    for i in range(rotary_dim // 2):
+        even, odd = x[..., 2 * i].double(), x[..., 2 * i + 1].double()
+        c, s = cos[..., i].double(), sin[..., i].double()
+        out[..., 2 * i], out[..., 2 * i + 1] = even * c - odd * s, odd * c + even * s
+    return out
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_gptj_style_rotates_interleaved_pairs(partial: float) -> None:
+    params = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial}
+    rope = get_rope(make_config(params), HEAD_DIM, is_neox_style=False)
+    rotary_dim = rope.rotary_dim
+    positions = torch.randint(0, MAX_POS, (9,), generator=torch.Generator().manual_seed(3))
+    q, k = random_qk(9, torch.float32)
+    cos, sin = rope.cos_sin(positions, None, q.dtype)
+    q_out, k_out = rope.rotate(q, k, cos, sin)
+    q_heads, k_heads = q.view(9, NUM_HEADS, HEAD_DIM), k.view(9, NUM_KV_HEADS, HEAD_DIM)
+    torch.testing.assert_close(q_out.view_as(q_heads).double(), _gptj_formula(q_heads, cos, sin, rotary_dim),
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(k_out.view_as(k_heads).double(), _gptj_formula(k_heads, cos, sin, rotary_dim),
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gptj_style_matches_hf_interleaved_helper(dtype: torch.dtype) -> None:
+    # HF's DeepSeek-V3 helper returns the rotated pairs de-interleaved ([evens | odds]), a fixed permutation
+    # of the head dims that q.k is invariant to; undo it to compare.
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    rope = get_rope(make_config(ROPE_CASES["default"]), HEAD_DIM, is_neox_style=False)
+    positions = torch.arange(11)
+    q, k = random_qk(11, dtype)
+    q_out, k_out = rope.rotate(q, k, *rope.cos_sin(positions, None, dtype))
+    freqs = positions[:, None].float() * rope.inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    q_ref, k_ref = apply_rotary_pos_emb_interleave(
+        q.view(11, NUM_HEADS, HEAD_DIM).transpose(0, 1), k.view(11, NUM_KV_HEADS, HEAD_DIM).transpose(0, 1),
+        emb.cos().to(dtype), emb.sin().to(dtype), unsqueeze_dim=0)
+    for out, ref, heads in ((q_out, q_ref, NUM_HEADS), (k_out, k_ref, NUM_KV_HEADS)):
+        out = out.view(11, heads, HEAD_DIM).transpose(0, 1)
+        deinterleaved = torch.cat((out[..., 0::2], out[..., 1::2]), dim=-1)
+        torch.testing.assert_close(deinterleaved, ref, atol=0, rtol=0)
+
+
+def test_neox_is_the_default_style() -> None:
+    assert get_rope(make_config(ROPE_CASES["default"]), HEAD_DIM).is_neox_style
+
+
 def test_unknown_rope_type_raises_naming_it() -> None:
     config = SimpleNamespace(
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0}, max_position_embeddings=MAX_POS

@@ -1,0 +1,88 @@
+"""Triton attention backend: paged attention of a mixed batch without gathering any history.
+
+The step's sequences are split once per step (in `build_metadata`, from the host-side layout) into
+decodes (one query token) and prefills (several: a fresh prompt or a chunk after cached tokens).
+Prefills run the flash-attention kernel (`ops/triton/attention_prefill.py`), decodes the split-KV
+kernel (`ops/triton/attention_decode.py`); both read K/V straight from the paged cache through the
+block table, write disjoint rows of one output, and handle GQA and sliding windows.
+Usage: selected as the "attention" op on CUDA (`REGISTRY.select("attention", device, dtype).fn`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from rapid_llm import ops
+from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.triton.attention_common import kernel_window
+from rapid_llm.ops.triton.attention_decode import decode_attention
+from rapid_llm.ops.triton.attention_prefill import prefill_attention
+
+
+@dataclass
+class TritonAttentionMetadata(AttentionMetadata):
+    decode_seq_ids: torch.Tensor  # [num_decodes] int64, sequences computing one token
+    prefill_seq_ids: torch.Tensor  # [num_prefills] int64, sequences computing several
+    max_prefill_query_len: int
+    num_kv_splits: int  # decode keys are cut into this many splits of kv_split_len positions
+    kv_split_len: int
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """`min_split_len` keys at least per decode split, and at most `max_splits` splits: short contexts
+    stay in one program per (sequence, KV head), long ones spread over up to `max_splits` programs."""
+
+    def __init__(self, min_split_len: int = 256, max_splits: int = 32) -> None:
+        if min_split_len < 1 or max_splits < 1:
+            raise ValueError(f"min_split_len ({min_split_len}) and max_splits ({max_splits}) must be at least 1")
+        self.min_split_len = min_split_len
+        self.max_splits = max_splits
+
+    def build_metadata(self, layout: StepLayout, device: torch.device) -> TritonAttentionMetadata:
+        common = build_common_metadata(layout, device)
+        decodes = [seq for seq, query_len in enumerate(layout.query_lens) if query_len == 1]
+        prefills = [seq for seq, query_len in enumerate(layout.query_lens) if query_len > 1]
+        max_decode_len = max((layout.seq_lens[seq] for seq in decodes), default=1)
+        split_len = max(self.min_split_len, triton.cdiv(max_decode_len, self.max_splits))
+        return TritonAttentionMetadata(
+            **vars(common),
+            decode_seq_ids=torch.tensor(decodes, dtype=torch.int64, device=device),
+            prefill_seq_ids=torch.tensor(prefills, dtype=torch.int64, device=device),
+            max_prefill_query_len=max((layout.query_lens[seq] for seq in prefills), default=0),
+            num_kv_splits=triton.cdiv(max_decode_len, split_len),
+            kv_split_len=split_len,
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: TritonAttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        num_heads, num_kv_heads = query.shape[1], kv_cache.shape[3]
+        if num_heads % num_kv_heads or not kv_cache.is_contiguous():
+            raise ValueError(f"triton attention: {num_heads} query heads must be a multiple of the cache's "
+                             f"{num_kv_heads} KV heads, and the cache contiguous")
+        if query.stride(-1) != 1:
+            query = query.contiguous()
+        window = kernel_window(sliding_window)
+        ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        common = (metadata.query_start_loc, metadata.seq_lens, metadata.block_tables)
+        if metadata.prefill_seq_ids.numel():
+            prefill_attention(query, kv_cache, output, metadata.prefill_seq_ids, *common,
+                              metadata.max_prefill_query_len, scale, window)
+        if metadata.decode_seq_ids.numel():
+            decode_attention(query, kv_cache, output, metadata.decode_seq_ids, *common, metadata.num_kv_splits,
+                             metadata.kv_split_len, scale, window)
+        return output
+
+
+TRITON_BACKEND = TritonAttentionBackend()  # stateless per step: one instance serves every layer

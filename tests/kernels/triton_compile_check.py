@@ -1,0 +1,81 @@
+"""Compile (without running) every Triton kernel for CUDA targets; `python -m tests.kernels.triton_compile_check`.
+
+The interpreter runs kernels as Python, so it never sees what only a GPU build rejects (a global that is
+not a constexpr, a tile below tl.dot's minimum, shared memory over budget). `triton.compile` needs no
+GPU: it lowers to a cubin with the ptxas bundled in the wheel. Run in a process without
+TRITON_INTERPRET (the kernels must be JIT functions); prints one line per kernel, exits 1 on an error.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from rapid_llm.ops.triton import activation, attention_decode, attention_prefill, kv_cache, norm, rotary
+
+SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
+INDEX_POINTERS = {name: "*i64" for name in ("seq_ids_ptr", "query_start_ptr", "seq_lens_ptr", "block_tables_ptr",
+                                            "slot_mapping_ptr")}
+
+
+def _signature(fn: Any, dtype: str, constexprs: dict[str, Any], types: dict[str, str]) -> dict[str, str]:
+    """Pointers `*dtype` (or as `types` says), other runtime arguments i32 unless `types` says otherwise."""
+    return {name: "constexpr" if name in constexprs else types.get(name, f"*{dtype}" if name.endswith("_ptr") else "i32")
+            for name in fn.arg_names}
+
+
+def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[str, int]]]:
+    """(label, kernel, dtype, constexprs, argument types, launch options) as the wrappers launch them."""
+    floats = {"eps": "fp32", "scale_log2": "fp32", **INDEX_POINTERS}
+    splits = {**floats, "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
+    cases = [
+        ("rms_norm", norm._rms_norm_kernel, "bf16", {"HAS_RESIDUAL": False, "BLOCK": 4096, "summed_ptr": None}, floats,
+         {"num_warps": 16}),
+        ("fused_add_rms_norm", norm._rms_norm_kernel, "bf16", {"HAS_RESIDUAL": True, "BLOCK": 4096}, floats,
+         {"num_warps": 16}),
+        ("silu_and_mul", activation._silu_and_mul_kernel, "bf16", {"BLOCK": 1024}, floats, {"num_warps": 4}),
+        ("kv_cache_store", kv_cache._store_kernel, "bf16", {"BLOCK": 1024}, floats, {"num_warps": 4}),
+    ]
+    for is_neox, rest in ((True, 0), (False, 64)):
+        cases.append((f"rotary neox={is_neox} rest={rest}", rotary._rotary_kernel, "bf16",
+                      {"IS_NEOX": is_neox, "BLOCK_Q_HEADS": 32, "BLOCK_K_HEADS": 8, "BLOCK_PAIRS": 32,
+                       "BLOCK_REST": rest}, floats, {"num_warps": 16}))
+    for dtype, dot, precision, block_m, block_n in (("bf16", tl.bfloat16, "tf32", 64, 64),
+                                                    ("fp32", tl.float32, "ieee", 32, 32)):
+        tiles = {"DOT_DTYPE": dot, "PRECISION": precision, "BLOCK_D": 128, "BLOCK_N": block_n}
+        cases += [
+            (f"prefill {dtype}", attention_prefill._prefill_kernel, dtype, {"GROUP": 4, "BLOCK_M": block_m, **tiles},
+             floats, {"num_warps": 8, "num_stages": 2}),
+            (f"decode split {dtype}", attention_decode._split_kernel, dtype, {"GROUP": 4, "BLOCK_H": 16, **tiles},
+             splits, {"num_warps": 4, "num_stages": 2}),
+            (f"decode merge {dtype}", attention_decode._merge_kernel, dtype, {"BLOCK_S": 16, "BLOCK_D": 128}, splits,
+             {"num_warps": 1}),
+        ]
+    return cases
+
+
+def main(capabilities: tuple[int, ...] = (90, 80)) -> int:
+    failures = 0
+    for capability in capabilities:
+        target = GPUTarget("cuda", capability, 32)
+        for label, fn, dtype, constexprs, types, options in _cases():
+            source = ASTSource(fn, _signature(fn, dtype, constexprs, types), constexprs)
+            try:
+                shared = triton.compile(source, target=target, options=options).metadata.shared
+            except Exception as error:  # report every kernel, not only the first failure
+                print(f"FAIL sm_{capability} {label}: {type(error).__name__}: {error}")
+                failures += 1
+                continue
+            over = shared > SHARED_MEMORY_BUDGET
+            failures += over
+            print(f"{'FAIL' if over else 'ok'} sm_{capability} {label}: {shared} bytes of shared memory")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
