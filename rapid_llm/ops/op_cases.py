@@ -160,8 +160,8 @@ def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
 # Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one
 # batch different filters: none, k=1, a tiny p, k with p, p alone.
 _FILTER_ROWS = {
-    "top_k=50": [(50, 1.0)], "top_p=0.9": [(0, 0.9)], "top_k=50,top_p=0.9": [(50, 0.9)],
-    "top_p=0.9,flat": [(0, 0.9)], "mixed": [(0, 1.0), (1, 1.0), (0, 1e-4), (40, 0.9), (0, 0.95), (300, 0.5)],
+    "k50": [(50, 1.0)], "p0.9": [(0, 0.9)], "k50+p0.9": [(50, 0.9)], "p0.9-flat": [(0, 0.9)],
+    "mixed": [(0, 1.0), (1, 1.0), (0, 1e-4), (40, 0.9), (0, 0.95), (300, 0.5)],
 }
 
 
