@@ -1,11 +1,12 @@
 """Turns a batch of logits into next tokens (and optional logprobs) entirely on the device.
 
-Pipeline: penalties -> min_tokens mask -> temperature -> top-k -> top-p -> min-p -> sample, with
-greedy rows taking the argmax of the penalised logits. Sampling is an exponential race,
-argmax(logit - log E) with E ~ Exp(1), which needs no softmax, cumsum or multinomial. For rows
-with a seed, E comes from a counter-based hash of (seed, step, token id) in int64 torch ops rather
-than from an RNG stream, so a seeded request draws the same tokens whatever shares its batch and
-on CPU and CUDA alike. Logprobs are the raw model distribution (before penalties and temperature).
+Pipeline: penalties -> min_tokens mask -> temperature -> top-k/top-p (the `top_k_top_p_filter` op)
+-> min-p -> sample, with greedy rows taking the argmax of the penalised logits. Sampling is an
+exponential race, argmax(logit - log E) with E ~ Exp(1), which needs no softmax, cumsum or
+multinomial. For rows with a seed, E comes from a counter-based hash of (seed, step, token id) in
+int64 torch ops rather than from an RNG stream, so a seeded request draws the same tokens whatever
+shares its batch and on CPU and CUDA alike. Logprobs are the raw model distribution (before
+penalties and temperature).
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rapid_llm import ops
 from rapid_llm.layers.penalties import apply_penalties
 from rapid_llm.layers.sampling_batch import SamplingBatch, to_int64
-
-# Float32 softmax+cumsum lands a few ulps off the exact sums; without slack, probabilities
-# 0.6 + 0.27 with top_p=0.87 would sum to just below 0.87 and pull in a third token.
-_TOP_P_SLACK = 1e-6
-
 
 _GOLDEN = to_int64(0x9E3779B97F4A7C15)
 _MIX1 = to_int64(0xBF58476D1CE4E5B9)
@@ -59,7 +56,8 @@ def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     greedy = logits.argmax(dim=-1) if batch.any_greedy else None
     logits = logits / batch.temperature.unsqueeze(1)
     if batch.do_top_k or batch.do_top_p:
-        logits = _apply_top_k_top_p(logits, batch)
+        logits = ops.top_k_top_p_filter(logits, batch.top_k, batch.top_p if batch.do_top_p else None,
+                                        batch.max_top_k)
     if batch.do_min_p:
         # Renormalising after top-k/top-p scales every kept prob alike, so the min-p test
         # prob < min_p * max_prob is the same as logit < max_logit + log(min_p).
@@ -67,21 +65,6 @@ def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         logits = logits.masked_fill(logits < floor, float("-inf"))
     sampled = (logits - _log_exponential_noise(logits.shape, batch, logits.device)).argmax(dim=-1)
     return sampled if greedy is None else torch.where(batch.is_greedy, greedy, sampled)
-
-
-def _apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Mask everything below each row's cutoff logit, found with a single descending sort."""
-    sorted_logits = logits.sort(dim=-1, descending=True).values
-    keep = batch.top_k
-    if batch.do_top_p:
-        ranks = torch.arange(logits.shape[-1], device=logits.device)
-        # top-p sees the distribution renormalised over the top-k survivors.
-        probs = sorted_logits.masked_fill(ranks >= batch.top_k.unsqueeze(1), float("-inf")).softmax(dim=-1)
-        below = probs.cumsum(dim=-1) < (batch.top_p - _TOP_P_SLACK).unsqueeze(1)
-        # Tokens before the cumulative sum reaches top_p, plus the one that reaches it.
-        keep = torch.minimum(keep, below.sum(dim=-1) + 1)
-    cutoff = sorted_logits.gather(1, (keep - 1).unsqueeze(1))
-    return logits.masked_fill(logits < cutoff, float("-inf"))
 
 
 def _log_exponential_noise(shape: torch.Size, batch: SamplingBatch, device: torch.device) -> torch.Tensor:

@@ -37,6 +37,7 @@ class SamplingBatch:
     is_greedy: torch.Tensor  # [B] bool: temperature 0 or top_k 1
     temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows so dividing is always safe
     top_k: torch.Tensor  # [B] int64 in [1, V]; V where off
+    max_top_k: int  # largest top_k below V (what a topk-based filter must find); 0 if none
     top_p: torch.Tensor  # [B] float32; inf where off, so the nucleus never cuts
     min_p: torch.Tensor  # [B] float32; 0 where off
     seeded_rows: torch.Tensor  # [S] int64 row indices of sampled rows that carry a seed
@@ -93,6 +94,7 @@ class SamplingBatch:
             is_greedy=tensor(greedy, torch.bool),
             temperature=tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=tensor(top_k, torch.int64),
+            max_top_k=max((k for k in top_k if k < vocab_size), default=0),
             top_p=tensor(top_p, torch.float32),
             min_p=tensor(min_p, torch.float32),
             seeded_rows=tensor(seeded, torch.int64),

@@ -28,6 +28,11 @@ register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP
                         "check": "rapid_llm.ops.cpu_half:half_kernels_missing"})
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:fused_moe")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
+# Sampling: the sort-based reference and the topk one (same kept set; faster wherever the kept set is a
+# small part of the vocabulary, i.e. top-k, or a nucleus inside its candidates).
+register_op(name="top_k_top_p_filter", backend=REFERENCE, fn="rapid_llm.ops.top_k_top_p:top_k_top_p_filter")
+register_op(name="top_k_top_p_filter", backend="torch_topk", fn="rapid_llm.ops.top_k_top_p:top_k_top_p_filter_topk",
+            priority=10)
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")

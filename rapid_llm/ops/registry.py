@@ -9,7 +9,8 @@ dtype, shape class), where the shape class is the tuple of the op's predicate re
 by descending priority and caches the first whose conditions all hold; later calls run only the
 predicates and a dict lookup. An override (--op-backend / RAPID_LLM_OP_BACKEND) pins an op to one
 backend, whose conditions must still hold.
-Usage: `ops.rms_norm(x, weight, eps)`; `REGISTRY.set_overrides({"rms_norm": "torch_ref"})`.
+Usage: `ops.rms_norm(x, weight, eps)`; `REGISTRY.set_overrides({"rms_norm": "torch_ref"})`;
+`REGISTRY.implementation("rms_norm", "torch_fused", device, dtype)` (one backend, for benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ class NoImplementationError(RuntimeError):
     """No implementation of an op holds for a call; the message gives each one's skip reason."""
 
     def __init__(self, op: str, device_type: str, dtype: str, skipped: list[tuple[Implementation, str]],
-                 forced: str | None) -> None:
+                 forced: str | None, pinned_by: str = "the op-backend override") -> None:
         reasons = "; ".join(f"{impl.backend} (priority {impl.priority}): {why}" for impl, why in skipped)
-        pinned = f" (the op-backend override pins it to {forced!r})" if forced else ""
+        pinned = f" ({pinned_by} pins it to {forced!r})" if forced else ""
         super().__init__(f"no implementation of op {op!r} for device {device_type}, dtype {dtype}{pinned}: "
                          f"{reasons or 'none registered'}")
 
@@ -153,10 +154,24 @@ class OpRegistry:
     def select(self, name: str, device: Any, dtype: Any, shape: dict[str, bool] | None = None) -> Selection:
         """The implementation for `device` and `dtype`; `shape` holds each predicate's result on the call
         (None when there is no call, as at start-up: predicate implementations are then skipped)."""
+        return self._first_holding(name, device, dtype, shape, self._overrides.get(name), "the op-backend override")
+
+    def implementation(self, name: str, backend: str, device: Any, dtype: Any,
+                       shape: dict[str, bool] | None = None) -> Selection:
+        """`backend` of op `name` if its conditions hold (else NoImplementationError with the reason),
+        whatever the overrides say: benchmarks and tests run every implementation this way."""
+        self.check_overrides({name: backend}, source="implementation")
+        return self._first_holding(name, device, dtype, shape, backend, "the caller")
+
+    def call_shape(self, name: str, *args: Any) -> dict[str, bool]:
+        """Each predicate implementation's verdict on one call's arguments: the `shape` of `select`."""
+        return {backend: bool(predicate(*args)) for backend, predicate in self.predicates(name)}
+
+    def _first_holding(self, name: str, device: Any, dtype: Any, shape: dict[str, bool] | None,
+                       forced: str | None, pinned_by: str) -> Selection:
         if name not in self._implementations:
             raise ValueError(f"unknown op {name!r}; ops: {', '.join(self.backends())}")
         device_type, dtype = _device_type(device), dtype_name(dtype)
-        forced = self._overrides.get(name)
         skipped: list[tuple[Implementation, str]] = []
         for impl in self._implementations[name]:
             if forced is not None and impl.backend != forced:
@@ -168,11 +183,11 @@ class OpRegistry:
                 elif not shape[impl.backend]:
                     reason = "its predicate is false for this call"
             if reason is None:
-                why = "pinned by the op-backend override" if forced else "highest priority whose conditions hold"
+                why = f"pinned by {pinned_by}" if forced else "highest priority whose conditions hold"
                 why += "".join(f"; skipped {skip.backend}: {text}" for skip, text in skipped)
                 return Selection(name, impl.backend, self._load(impl), why)
             skipped.append((impl, reason))
-        raise NoImplementationError(name, device_type, dtype, skipped, forced)
+        raise NoImplementationError(name, device_type, dtype, skipped, forced, pinned_by)
 
     def describe(self, device: Any, dtype: Any) -> dict[str, dict[str, str]]:
         """Per op, the backend a call without shape predicates gets on `device`/`dtype`, and why."""

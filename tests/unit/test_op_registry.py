@@ -1,5 +1,5 @@
-"""The op registry: conditions, priority, the no-implementation error, overrides, caching, and numerics
-of every registered implementation against the torch reference."""
+"""The op registry: conditions, priority, the no-implementation error, overrides, caching and dispatch of the
+cpu_fp32 linear (numerics of every implementation against torch_ref: tests/kernels/test_op_numerics.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from rapid_llm.layers.linear import LinearBase
 from rapid_llm.ops.cpu_half import CPU_FP32_LINEAR, MIN_FP32_ROWS, cpu_lacks_half_kernels
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
 from rapid_llm.ops.conditions import library_available
+from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
 
@@ -106,17 +107,35 @@ def test_shape_predicate() -> None:
     assert demo(FakeTensor(shape=(4, 8))) == "fast"
 
 
+# Per condition kind: conditions that fail for a float32 CPU call of shape (5, 8).
+FAILING_CONDITIONS = {"device": {"device": "cuda"}, "sm": {"sm": ">=9.0"}, "dtype": {"dtype": "bf16"},
+                      "lib": {"lib": MISSING_LIB}, "predicate": {"predicate": lambda x: x.shape[0] <= 4}}
+
+
+@pytest.mark.parametrize("kind", FAILING_CONDITIONS)
+def test_a_failing_condition_skips_to_the_next_priority(kind: str) -> None:
+    """Not straight to the reference: the next one down whose conditions hold."""
+    registry = OpRegistry(capability=lambda _: (8, 0))
+    registry.register(name="demo", backend="ref", fn=lambda x: "ref", priority=-5)
+    registry.register(name="demo", backend="middle", fn=lambda x: "middle", priority=5)
+    registry.register(name="demo", backend="top", fn=lambda x: "top", priority=10, conditions=FAILING_CONDITIONS[kind])
+    assert registry.op("demo")(FakeTensor(shape=(5, 8))) == "middle"
+    assert "; skipped top: " in registry.select("demo", "cpu", "fp32", {"top": False}).reason
+
+
 def test_no_implementation_lists_every_skip_reason() -> None:
     registry = OpRegistry(capability=lambda _: (8, 0))
     registry.register(name="demo", backend="gpu", fn=lambda x: x, priority=3, conditions={"device": "cuda"})
     registry.register(name="demo", backend="lib", fn=lambda x: x, priority=2, conditions={"lib": MISSING_LIB})
     registry.register(name="demo", backend="half", fn=lambda x: x, priority=1, conditions={"dtype": "bf16"})
     registry.register(name="demo", backend="small", fn=lambda x: x, conditions={"predicate": lambda x: False})
+    registry.register(name="demo", backend="hopper", fn=lambda x: x, priority=-1, conditions={"sm": ">=9.0"})
     with pytest.raises(NoImplementationError) as error:
         registry.op("demo")(FakeTensor())
     message = str(error.value)
     assert message.startswith("no implementation of op 'demo' for device cpu, dtype float32: ")
-    for expected in ("gpu (priority 3): needs device cuda, the call is on cpu",
+    for expected in ("hopper (priority -1): sm >=9.0 needs a CUDA device, the call is on cpu",
+                     "gpu (priority 3): needs device cuda, the call is on cpu",
                      f"lib (priority 2): optional library {MISSING_LIB!r} is not installed",
                      "half (priority 1): needs dtype bfloat16, the call is float32",
                      "small (priority 0): its predicate is false for this call"):
@@ -141,6 +160,23 @@ def test_second_call_with_the_same_key_does_not_re_evaluate_conditions() -> None
     assert counts == {"capability": 1, "predicate": 3}
     assert demo(FakeTensor(device="cuda", shape=(9, 8))) == "ref"  # a new shape class: a new selection
     assert counts == {"capability": 2, "predicate": 4}
+
+
+def test_implementation_pins_one_backend_whatever_the_overrides() -> None:
+    registry = two_implementations({"dtype": "bf16"})
+    registry.set_overrides({"demo": "fast"})
+    selection = registry.implementation("demo", "ref", "cpu", "fp32")
+    assert (selection.backend, selection.reason) == ("ref", "pinned by the caller")
+    with pytest.raises(NoImplementationError, match=r"\(the caller pins it to 'fast'\): fast .*needs dtype bfloat16"):
+        registry.implementation("demo", "fast", "cpu", "fp32")
+    with pytest.raises(ValueError, match="^implementation: op 'demo' has no backend 'nope'"):
+        registry.implementation("demo", "nope", "cpu", "fp32")
+
+
+def test_call_shape_is_each_predicate_on_the_call() -> None:
+    registry = two_implementations({"predicate": lambda x: x.shape[0] <= 4})
+    assert registry.call_shape("demo", FakeTensor(shape=(9, 8))) == {"fast": False}
+    assert registry.select("demo", "cpu", "fp32", registry.call_shape("demo", FakeTensor())).backend == "fast"
 
 
 def test_override_pins_a_backend_and_its_conditions_still_apply() -> None:
@@ -183,6 +219,13 @@ def test_flag_wins_over_env_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ServerArgs(op_backend="rms_norm=torch_ref").op_backends() == {"rms_norm": "torch_ref",
                                                                          "attention": "torch_ref"}
     assert ServerArgs().op_backends() == {"rms_norm": "torch_fused", "attention": "torch_ref"}
+    # What the worker does with them: the env var's pin reaches dispatch, the flag's pin wins over it.
+    REGISTRY.set_overrides(ServerArgs().op_backends())
+    assert REGISTRY.describe("cpu", "fp32")["rms_norm"] == {"backend": "torch_fused",
+                                                            "reason": "pinned by the op-backend override"}
+    assert REGISTRY.describe("cpu", "bf16")["rms_norm"]["backend"] == "none"
+    REGISTRY.set_overrides(ServerArgs(op_backend="rms_norm=torch_ref").op_backends())
+    assert REGISTRY.describe("cpu", "fp32")["rms_norm"]["backend"] == "torch_ref"
     monkeypatch.setenv(OP_BACKEND_ENV, "rms_norm=fast")
     with pytest.raises(ValueError, match=f"^{OP_BACKEND_ENV}: op 'rms_norm' has no backend 'fast'"):
         ServerArgs().op_backends()
@@ -240,103 +283,19 @@ def test_layers_dispatch_through_the_registry() -> None:
         norm.to(bf16)(x.to(bf16))
 
 
-def _rotary_args(tokens: int, dtype: torch.dtype) -> tuple[Any, ...]:
-    head_dim, rotary_dim = 16, 8  # partial rotary: the trailing dims pass through
-    angles = torch.rand(tokens, 1, rotary_dim // 2) * 6
-    is_neox_style = tokens % 2 == 1  # the parametrised token counts cover both styles
-    return (torch.randn(tokens, 4 * head_dim, dtype=dtype), torch.randn(tokens, 2 * head_dim, dtype=dtype),
-            angles.cos().to(dtype), angles.sin().to(dtype), head_dim, rotary_dim, is_neox_style)
-
-
-def _kv_store_args(tokens: int, dtype: torch.dtype) -> tuple[Any, ...]:
-    block_size, blocks, heads, head_dim = 16, 8, 2, 8
-    slots = torch.randperm(blocks * block_size)[:tokens]
-    return (torch.randn(tokens, heads, head_dim, dtype=dtype), torch.randn(tokens, heads, head_dim, dtype=dtype),
-            torch.zeros(2, blocks, block_size, heads, head_dim, dtype=dtype), slots)
-
-
-# op -> the arguments of one call with `tokens` tokens; attention is tested against naive attention in
-# tests/kernels/test_attention_torch_ref.py (its implementations are backends, not functions).
-OP_INPUTS: dict[str, Callable[[int, torch.dtype], tuple[Any, ...]]] = {
-    "rms_norm": lambda t, d: (torch.randn(t, 96, dtype=d), torch.randn(96, dtype=d), 1e-6),
-    "fused_add_rms_norm": lambda t, d: (torch.randn(t, 96, dtype=d), torch.randn(t, 96, dtype=d),
-                                        torch.randn(96, dtype=d), 1e-6),
-    "silu_and_mul": lambda t, d: (torch.randn(t, 2 * 40, dtype=d),),
-    "rotary_embedding": _rotary_args,
-    "linear": lambda t, d: (torch.randn(t, 48, dtype=d), torch.randn(24, 48, dtype=d), torch.randn(24, dtype=d)),
-    "kv_cache_store": _kv_store_args,
-    "fused_moe": lambda t, d: (torch.randn(t, 32, dtype=d), torch.randn(t, 4, dtype=d),
-                               torch.randn(4, 2 * 16, 32, dtype=d), torch.randn(4, 32, 16, dtype=d), 2, True),
-}
-IMPLEMENTATIONS = [(op, backend) for op, backends in REGISTRY.backends().items() if op != "attention"
-                   for backend in backends]
-
-
-def test_every_op_has_numerics_inputs() -> None:
-    assert {op for op, _ in IMPLEMENTATIONS} == set(OP_INPUTS)
-
-
-def _pinned(op: str, backend: str, dtype: str) -> Callable[..., Any]:
-    REGISTRY.set_overrides({op: backend})
-    try:
-        return REGISTRY.select(op, "cpu", dtype).fn
-    except NoImplementationError as error:
-        pytest.skip(str(error))
-
-
-def _outputs(result: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
-    """What a call produced: its results and its (possibly written in place) tensor arguments."""
-    results = list(result) if isinstance(result, tuple) else [] if result is None else [result]
-    return results + [arg for arg in args if isinstance(arg, torch.Tensor)]
-
-
-@pytest.mark.parametrize("tokens", [1, 7, 33])  # one token; lengths unaligned to the 16-token block
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize(("op", "backend"), IMPLEMENTATIONS)
-def test_implementation_matches_torch_ref(op: str, backend: str, dtype: str, tokens: int) -> None:
-    implementation, reference = _pinned(op, backend, dtype), _pinned(op, "torch_ref", dtype)
-    torch.manual_seed(tokens)
-    args = OP_INPUTS[op](tokens, dtype_from_name(dtype))
-    copies = tuple(arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args)
-    expected = _outputs(reference(*copies), copies)
-    actual = _outputs(implementation(*args), args)
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        torch.testing.assert_close(got, want)
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 33])
 def test_cpu_fp32_linear_computes_enough_rows_in_fp32(dtype: str, tokens: int) -> None:
     """It is selected exactly where half kernels are missing; from MIN_FP32_ROWS rows on its result is the
     half GEMM's (half inputs, fp32 accumulation, one rounding) up to summation order, below it F.linear's."""
     half = dtype_from_name(dtype)
-    torch.manual_seed(tokens)
-    x, weight, bias = OP_INPUTS["linear"](tokens, half)
+    config = CaseConfig(SHAPES["tiny"], tokens, half, torch.device("cpu"), seed=tokens)
+    x, weight, bias = OP_CASES["linear"].build(config, "qkv").args
     in_fp32 = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(half)
     expected = in_fp32 if tokens >= MIN_FP32_ROWS else torch.nn.functional.linear(x, weight, bias)
     torch.testing.assert_close(CPU_FP32_LINEAR(x, weight, bias), expected, rtol=0, atol=0)
     selected = REGISTRY.select("linear", "cpu", dtype).backend
     assert (selected == "cpu_fp32") is cpu_lacks_half_kernels(half)
-
-
-LINEAR_BACKENDS = REGISTRY.backends()["linear"]
-
-
-@pytest.mark.parametrize("tokens", [1, 7, 33])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("backend", LINEAR_BACKENDS)
-def test_linear_kernel_on_its_prepared_weight_matches_torch_ref(backend: str, dtype: str, tokens: int) -> None:
-    """Each kernel applied to the weight in its own format (`prepare`), the way linear layers call it."""
-    kernel = _pinned("linear", backend, dtype)
-    torch.manual_seed(tokens)
-    x, weight, bias = OP_INPUTS["linear"](tokens, dtype_from_name(dtype))
-    prepared = kernel.prepare(weight)
-    for with_bias in (bias, None):
-        expected = torch.nn.functional.linear(x.float(), weight.float(),
-                                              None if with_bias is None else with_bias.float()).to(x.dtype)
-        torch.testing.assert_close(kernel(x, prepared, with_bias), expected)
 
 
 def test_linear_layers_select_their_kernel_after_loading() -> None:

@@ -1,0 +1,230 @@
+"""Op cases: for every registered op, one call's arguments at a model shape, and how to run an implementation.
+
+`benchmarks/bench_ops.py` times every implementation on these inputs and `tests/kernels/test_op_numerics.py`
+compares each with torch_ref on them, so both see the same calls. A case may have variants (linear's
+projections, the sampling filter's parameter mixes, attention's decode and prefill batches), restrict its
+dtypes, and declare `prepare`, run once per implementation outside the timed call (for implementations that
+keep a weight in their own format), and `run`, one call (attention: the backend's build_metadata, then one
+layer's forward over a paged KV cache). Inputs come from a seeded CPU generator, so every device sees the
+same values. Adding an op = a builder here and one OP_CASES entry (a test checks every op has one).
+Usage: `case = OP_CASES["rms_norm"]; args = case.prepare(fn, case.build(CaseConfig(SHAPES["llama-10m"], 8,
+torch.bfloat16, cpu), "").args); case.run(fn, args)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from rapid_llm.ops.attention.backend import StepLayout
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_experts: int = 8
+    experts_per_token: int = 2
+    moe_intermediate_size: int = 256
+    block_size: int = 16
+
+
+SHAPES: dict[str, ModelShape] = {
+    # Odd widths (intermediate 88, vocab 1000) so no implementation gets only powers of two.
+    "tiny": ModelShape(64, 4, 2, 16, 88, 1000, num_experts=4, moe_intermediate_size=24),
+    # benchmarks/peers/compare_cpu.sh's models, with a Llama-2 vocabulary.
+    "llama-10m": ModelShape(256, 8, 4, 32, 1024, 32000),
+    "llama-100m": ModelShape(768, 12, 4, 64, 2560, 32000),
+    "qwen2.5-0.5b": ModelShape(896, 14, 2, 64, 4864, 151936),
+}
+
+
+@dataclass(frozen=True)
+class CaseConfig:
+    shape: ModelShape
+    num_tokens: int  # tokens of the step (sampling: rows; attention decode: sequences)
+    dtype: torch.dtype
+    device: torch.device
+    context_len: int = 64  # tokens already cached per sequence in the attention cases
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class OpInputs:
+    args: tuple[Any, ...]
+    label: str  # the shape, for tables
+
+
+def _call(fn: Any, args: tuple[Any, ...]) -> Any:
+    return fn(*args)
+
+
+def _unprepared(fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return args
+
+
+@dataclass(frozen=True)
+class OpCase:
+    build: Callable[[CaseConfig, str], OpInputs]
+    variants: tuple[str, ...] = ("",)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    why_dtypes: str = ""  # why `dtypes` is narrower than every dtype
+    exact: bool = False  # outputs must equal torch_ref's bit for bit (copies, selections)
+    prepare: Callable[[Any, tuple[Any, ...]], tuple[Any, ...]] = _unprepared
+    run: Callable[[Any, tuple[Any, ...]], Any] = _call
+
+
+@dataclass
+class _Inputs:
+    """Seeded random tensors built on the CPU, then moved to the case's device and dtype."""
+
+    config: CaseConfig
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+
+    def randn(self, *shape: int, scale: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        values = torch.randn(shape, generator=self.generator) * scale
+        return values.to(self.config.device, dtype or self.config.dtype)
+
+    def randperm(self, n: int) -> torch.Tensor:
+        return torch.randperm(n, generator=self.generator).to(self.config.device)
+
+
+def _rms_norm(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, t, h = _Inputs(config), config.num_tokens, config.shape.hidden_size
+    return OpInputs((inputs.randn(t, h), inputs.randn(h), 1e-6), f"[{t}, {h}]")
+
+
+def _fused_add_rms_norm(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, t, h = _Inputs(config), config.num_tokens, config.shape.hidden_size
+    return OpInputs((inputs.randn(t, h), inputs.randn(t, h), inputs.randn(h), 1e-6), f"[{t}, {h}]")
+
+
+def _silu_and_mul(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, t, i = _Inputs(config), config.num_tokens, config.shape.intermediate_size
+    return OpInputs((inputs.randn(t, 2 * i),), f"[{t}, {2 * i}]")
+
+
+def _rotary_embedding(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    rotary_dim = shape.head_dim // 2 if variant.endswith("partial") else shape.head_dim  # the rest passes
+    angles = torch.rand(t, 1, rotary_dim // 2, generator=inputs.generator) * 6
+    cos, sin = (table.to(config.device, config.dtype) for table in (angles.cos(), angles.sin()))
+    query = inputs.randn(t, shape.num_heads * shape.head_dim)
+    key = inputs.randn(t, shape.num_kv_heads * shape.head_dim)
+    is_neox_style = not variant.startswith("gptj")
+    return OpInputs((query, key, cos, sin, shape.head_dim, rotary_dim, is_neox_style),
+                    f"q[{t}, {query.shape[1]}] k[{t}, {key.shape[1]}] rot {rotary_dim}"
+                    + ("" if is_neox_style else " gpt-j"))
+
+
+def _linear_dims(shape: ModelShape, variant: str) -> tuple[int, int, bool]:
+    """(in, out, bias) of a model's projection."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return {"qkv": (shape.hidden_size, q + 2 * kv, True),  # with Qwen2's bias
+            "o": (q, shape.hidden_size, False),
+            "gate_up": (shape.hidden_size, 2 * shape.intermediate_size, False),
+            "down": (shape.intermediate_size, shape.hidden_size, False)}[variant]
+
+
+def _linear_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The weight in the kernel's own format, as linear layers hold it (rapid_llm/ops/linear_kernel.py)."""
+    x, weight, bias = args
+    return x, kernel.prepare(weight), bias
+
+
+def _linear(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, t = _Inputs(config), config.num_tokens
+    d_in, d_out, bias = _linear_dims(config.shape, variant)
+    args = (inputs.randn(t, d_in), inputs.randn(d_out, d_in, scale=d_in**-0.5), inputs.randn(d_out) if bias else None)
+    return OpInputs(args, f"[{t}, {d_in}] x [{d_out}, {d_in}]" + (" + bias" if bias else ""))
+
+
+def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    num_blocks = -(-t // shape.block_size) + 1
+    cache = inputs.randn(2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    slots = inputs.randperm(num_blocks * shape.block_size)[:t]
+    key, value = (inputs.randn(t, shape.num_kv_heads, shape.head_dim) for _ in range(2))
+    return OpInputs((key, value, cache, slots), f"[{t}, {shape.num_kv_heads}, {shape.head_dim}] -> {num_blocks} blocks")
+
+
+def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    e, h, i = shape.num_experts, shape.hidden_size, shape.moe_intermediate_size
+    args = (inputs.randn(t, h), inputs.randn(t, e), inputs.randn(e, 2 * i, h, scale=h**-0.5),
+            inputs.randn(e, h, i, scale=i**-0.5), shape.experts_per_token, True)
+    return OpInputs(args, f"[{t}, {h}] {e} experts top-{shape.experts_per_token} inter {i}")
+
+
+# Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one
+# batch different filters: none, k=1, a tiny p, k with p, p alone.
+_FILTER_ROWS = {
+    "k50": [(50, 1.0)], "p0.9": [(0, 0.9)], "k50+p0.9": [(50, 0.9)], "p0.9-flat": [(0, 0.9)],
+    "mixed": [(0, 1.0), (1, 1.0), (0, 1e-4), (40, 0.9), (0, 0.95), (300, 0.5)],
+}
+
+
+def _top_k_top_p_filter(config: CaseConfig, variant: str) -> OpInputs:
+    """Logits of N(0, 6^2) put a 0.9 nucleus on ~10 (V=32000) to ~25 (V=151936) tokens, as a trained model's
+    next-token distribution does; "flat" (N(0, 2^2)) on thousands, past torch_topk's candidates."""
+    inputs, rows, vocab_size = _Inputs(config), config.num_tokens, config.shape.vocab_size
+    logits = inputs.randn(rows, vocab_size, scale=2.0 if variant.endswith("flat") else 6.0, dtype=torch.float32)
+    params = [_FILTER_ROWS[variant][row % len(_FILTER_ROWS[variant])] for row in range(rows)]
+    top_k = [min(k, vocab_size) if k > 0 else vocab_size for k, _ in params]
+    top_p = torch.tensor([p if p < 1.0 else float("inf") for _, p in params], device=config.device)
+    any_top_p = any(p < 1.0 for _, p in params)
+    args = (logits, torch.tensor(top_k, device=config.device), top_p if any_top_p else None,
+            max((k for k in top_k if k < vocab_size), default=0))
+    return OpInputs(args, f"[{rows}, {vocab_size}]")
+
+
+def _attention(config: CaseConfig, variant: str) -> OpInputs:
+    """A decode batch (one new token per sequence, each after context_len minus a few cached tokens) or a
+    prefill batch (a chunk after context_len cached tokens, plus a fresh prompt), over shuffled blocks."""
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    if variant == "decode":
+        cached = [max(config.context_len - row * 5 % shape.block_size, 0) for row in range(t)]  # unaligned
+        query_lens = [1] * t
+    else:
+        cached, query_lens = ([config.context_len, 0], [t - t // 2, t // 2]) if t > 1 else ([0], [1])
+    seq_lens = [c + q for c, q in zip(cached, query_lens)]
+    blocks_per_seq = [-(-n // shape.block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 1  # one the step never touches
+    free = inputs.randperm(num_blocks).tolist()
+    tables = [[free.pop() for _ in range(n)] for n in blocks_per_seq]
+    layout = StepLayout(query_lens, seq_lens, tables, shape.block_size)
+    # Random history everywhere, also in slots past each sequence's length, which a backend must not read.
+    cache = inputs.randn(2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    query = inputs.randn(t, shape.num_heads, shape.head_dim)
+    key, value = (inputs.randn(t, shape.num_kv_heads, shape.head_dim) for _ in range(2))
+    label = f"{len(seq_lens)} seqs, {t} new tokens, up to {max(seq_lens)} keys"
+    return OpInputs((layout, query, key, value, cache, shape.head_dim**-0.5, None), label)
+
+
+def _attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    layout, query, key, value, cache, scale, sliding_window = args
+    return backend.forward(query, key, value, cache, backend.build_metadata(layout, query.device), scale,
+                           sliding_window)
+
+
+OP_CASES: dict[str, OpCase] = {
+    "rms_norm": OpCase(_rms_norm),
+    "fused_add_rms_norm": OpCase(_fused_add_rms_norm),
+    "silu_and_mul": OpCase(_silu_and_mul),
+    "rotary_embedding": OpCase(_rotary_embedding, variants=("full", "partial", "gptj", "gptj-partial")),
+    "linear": OpCase(_linear, variants=("qkv", "o", "gate_up", "down"), prepare=_linear_prepared),
+    "kv_cache_store": OpCase(_kv_cache_store, exact=True),
+    "fused_moe": OpCase(_fused_moe),
+    "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
+                                 why_dtypes="the sampler filters float32 logits", exact=True),
+    "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),
+}
