@@ -35,3 +35,9 @@ register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attentio
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
+
+# C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
+# then and turns a missing toolchain or a failed build into a skip reason.
+register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.cpu_paged:CPU_PAGED_BACKEND",
+            priority=10, conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
+                                     "available": "rapid_llm.ops.attention.cpu_paged:skip_reason"})

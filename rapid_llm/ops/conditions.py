@@ -2,13 +2,16 @@
 
 Kinds: `device` ("cpu"/"cuda" or a list), `sm` (">=9.0": the CUDA device's compute capability;
 fails on any other device), `dtype` (a list of "fp32"/"bf16"/"fp16" or full names), `lib` (an
-optional module, or a list: a missing one is a skip reason, never an import error) and `predicate`
+optional module, or a list: a missing one is a skip reason, never an import error), `available` (a
+"module:function" string or a callable returning None or a skip reason, called once per process on
+first selection: a JIT-built extension compiles or loads there, never at registration) and `predicate`
 (a callable on the call's arguments, for shape conditions). A check returns why an implementation
 is skipped, or None when it holds. Nothing here imports torch: the launcher parses conditions too.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import operator
 import re
@@ -18,7 +21,7 @@ from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 
-CONDITION_KINDS = ("device", "sm", "dtype", "lib", "predicate")
+CONDITION_KINDS = ("device", "sm", "dtype", "lib", "available", "predicate")
 DEVICE_TYPES = ("cpu", "cuda")
 _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt,
@@ -35,6 +38,15 @@ def library_available(module: str) -> bool:
         return False
 
 
+@lru_cache(maxsize=None)
+def availability_skip_reason(check: str | Callable[[], str | None]) -> str | None:
+    """The `available` check's answer, computed once per process (it may build an extension)."""
+    if isinstance(check, str):
+        module, attribute = check.split(":")
+        check = getattr(importlib.import_module(module), attribute)
+    return check()
+
+
 def _as_tuple(value: str | list[str] | tuple[str, ...], kind: str) -> tuple[str, ...]:
     values = (value,) if isinstance(value, str) else tuple(value)
     if not values or not all(isinstance(item, str) for item in values):
@@ -48,6 +60,7 @@ class Conditions:
     sm: tuple[str, tuple[int, int]] | None = None  # (comparison, (major, minor))
     dtypes: tuple[str, ...] | None = None  # canonical names ("bfloat16")
     libs: tuple[str, ...] | None = None
+    available: str | Callable[[], str | None] | None = None
     predicate: Callable[..., bool] | None = None
 
     @classmethod
@@ -58,6 +71,10 @@ class Conditions:
         if unknown:
             raise ValueError(f"unknown condition kind(s) {sorted(unknown)}; known: {list(CONDITION_KINDS)}")
         devices = sm = dtypes = libs = None
+        available = conditions.get("available")
+        if available is not None and not callable(available) and (
+                not isinstance(available, str) or ":" not in available):
+            raise ValueError(f"condition available={available!r} must be a callable or 'module:function'")
         if "device" in conditions:
             devices = _as_tuple(conditions["device"], "device")
             if set(devices) - set(DEVICE_TYPES):
@@ -74,13 +91,14 @@ class Conditions:
         predicate = conditions.get("predicate")
         if predicate is not None and not callable(predicate):
             raise ValueError(f"condition predicate must be callable, got {predicate!r}")
-        return cls(devices, sm, dtypes, libs, predicate)
+        return cls(devices, sm, dtypes, libs, available, predicate)
 
     def static_skip_reason(self, device_type: str, dtype: str,
                            capability: Callable[[], tuple[int, int]]) -> str | None:
         """Why the conditions that do not look at the call's shapes fail, or None if they hold.
 
-        `capability` is called only for an `sm` condition on a CUDA device.
+        `capability` is called only for an `sm` condition on a CUDA device; `available` only once every
+        other condition holds (it may compile an extension, which must not happen where it is useless).
         """
         if self.devices is not None and device_type not in self.devices:
             return f"needs device {'/'.join(self.devices)}, the call is on {device_type}"
@@ -97,4 +115,6 @@ class Conditions:
         for lib in self.libs or ():
             if not library_available(lib):
                 return f"optional library {lib!r} is not installed"
+        if self.available is not None:
+            return availability_skip_reason(self.available)
         return None

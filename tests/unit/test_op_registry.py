@@ -78,6 +78,29 @@ def test_lib_condition_a_missing_library_is_a_skip(lib: str, chosen: str) -> Non
     assert two_implementations({"lib": lib}).op("demo")(FakeTensor()) == chosen
 
 
+def test_available_condition_is_asked_once_and_only_when_the_rest_holds() -> None:
+    calls = []
+
+    def available() -> str | None:
+        calls.append(1)
+        return "C++ extension demo failed to build: boom"
+
+    registry = two_implementations({"device": "cpu", "available": available})
+    assert registry.select("demo", "cuda", "fp32").backend == "ref"
+    assert calls == []  # the device condition failed first: nothing was built
+    selection = registry.select("demo", "cpu", "fp32")
+    assert selection.backend == "ref" and "skipped fast: C++ extension demo failed to build: boom" in selection.reason
+    registry.select("demo", "cpu", "bf16")
+    assert calls == [1]
+
+
+def test_available_condition_by_name() -> None:
+    # sys.getprofile() is None (no profiler): a "module:function" answering None means available.
+    assert two_implementations({"available": "sys:getprofile"}).select("demo", "cpu", "fp32").backend == "fast"
+    with pytest.raises(ValueError, match="must be a callable or 'module:function'"):
+        two_implementations({"available": "nope"})
+
+
 def test_shape_predicate() -> None:
     demo = two_implementations({"predicate": lambda x: x.shape[0] <= 4}).op("demo")
     assert demo(FakeTensor(shape=(1, 8))) == "fast"
