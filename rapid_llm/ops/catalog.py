@@ -41,3 +41,6 @@ register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.tor
 register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.cpu_paged:CPU_PAGED_BACKEND",
             priority=10, conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
                                      "available": "rapid_llm.ops.attention.cpu_paged:skip_reason"})
+register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_activation:silu_and_mul",
+            priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
+                                     "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
