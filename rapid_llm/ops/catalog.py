@@ -44,3 +44,12 @@ register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.c
 register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_activation:silu_and_mul",
             priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
                                      "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
+# Optional libraries, as thin adapters onto their public APIs (untested without the library and a GPU):
+# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here:
+# it computes MLA (V is a prefix of the shared latent K cache), which needs an MLA op and model (issue 12).
+register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.flash_attn:FLASH_ATTN_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
+register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=7.5", "dtype": ["bf16", "fp16"], "lib": "flashinfer"})
+register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:linear", priority=-10,
+            conditions={"device": "cuda", "sm": ">=9.0", "dtype": "bf16", "lib": "deep_gemm"})
