@@ -22,10 +22,10 @@ register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary
 register_op(name="linear", backend=REFERENCE, fn="rapid_llm.ops.linear_kernel:TORCH_LINEAR")
 register_op(name="linear", backend="onednn", fn="rapid_llm.ops.onednn_linear:ONEDNN_LINEAR", priority=20,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
-                        "check": "rapid_llm.ops.onednn_linear:onednn_half_kernels_missing"})
+                        "available": "rapid_llm.ops.onednn_linear:onednn_half_kernels_missing"})
 register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP32_LINEAR", priority=10,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
-                        "check": "rapid_llm.ops.cpu_half:half_kernels_missing"})
+                        "available": "rapid_llm.ops.cpu_half:half_kernels_missing"})
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:fused_moe")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Sampling: the sort-based reference and the topk one (same kept set; faster wherever the kept set is a
@@ -53,3 +53,21 @@ register_op(name="kv_cache_store", backend="triton", fn="rapid_llm.ops.triton.kv
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.triton_backend:TRITON_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+
+# C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
+# then and turns a missing toolchain or a failed build into a skip reason.
+register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.cpu_paged:CPU_PAGED_BACKEND",
+            priority=10, conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
+                                     "available": "rapid_llm.ops.attention.cpu_paged:skip_reason"})
+register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_activation:silu_and_mul",
+            priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
+                                     "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
+# Optional libraries, as thin adapters onto their public APIs (untested without the library and a GPU):
+# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here:
+# it computes MLA (V is a prefix of the shared latent K cache), which needs an MLA op and model (issue 12).
+register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.flash_attn:FLASH_ATTN_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
+register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=7.5", "dtype": ["bf16", "fp16"], "lib": "flashinfer"})
+register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:linear", priority=-10,
+            conditions={"device": "cuda", "sm": ">=9.0", "dtype": "bf16", "lib": "deep_gemm"})

@@ -2,15 +2,17 @@
 
 Kinds: `device` ("cpu"/"cuda" or a list), `sm` (">=9.0": the CUDA device's compute capability;
 fails on any other device), `dtype` (a list of "fp32"/"bf16"/"fp16" or full names), `lib` (an
-optional module, or a list: a missing one is a skip reason, never an import error) and `predicate`
-(a callable on the call's arguments, for shape conditions) and `check` (a "module:function" string
-for what only a probe can tell, such as a CPU instruction set or a buildable extension: called once
-with (device_type, dtype), it returns a skip reason or None). A check returns why an implementation
+optional module, or a list: a missing one is a skip reason, never an import error), `available` (a
+"module:function" string or a callable taking (device_type, dtype) and returning None or a skip reason,
+called once per process and key on first selection: a JIT-built extension compiles or loads there, never
+at registration; a CPU instruction-set probe answers there) and `predicate`
+(a callable on the call's arguments, for shape conditions). A check returns why an implementation
 is skipped, or None when it holds. Nothing here imports torch: the launcher parses conditions too.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import operator
 import re
@@ -20,19 +22,12 @@ from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 
-CONDITION_KINDS = ("device", "sm", "dtype", "lib", "predicate", "check")
+CONDITION_KINDS = ("device", "sm", "dtype", "lib", "available", "predicate")
 DEVICE_TYPES = ("cpu", "cuda")
 _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt,
 }
 _SM_PATTERN = re.compile(r"\s*(>=|<=|==|>|<)?\s*(\d+)\.(\d+)\s*")
-
-
-@lru_cache(maxsize=None)
-def run_check(check: str, device_type: str, dtype: str) -> str | None:
-    """The skip reason a `check` function gives for (device_type, dtype), imported and run once per key."""
-    module, _, attribute = check.partition(":")
-    return getattr(importlib.import_module(module), attribute)(device_type, dtype)
 
 
 @lru_cache(maxsize=None)
@@ -42,6 +37,16 @@ def library_available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
         return False
+
+
+@lru_cache(maxsize=None)
+def availability_skip_reason(check: str | Callable[[str, str], str | None], device_type: str,
+                             dtype: str) -> str | None:
+    """The `available` check's answer for (device_type, dtype), computed once (it may build an extension)."""
+    if isinstance(check, str):
+        module, attribute = check.split(":")
+        check = getattr(importlib.import_module(module), attribute)
+    return check(device_type, dtype)
 
 
 def _as_tuple(value: str | list[str] | tuple[str, ...], kind: str) -> tuple[str, ...]:
@@ -57,8 +62,8 @@ class Conditions:
     sm: tuple[str, tuple[int, int]] | None = None  # (comparison, (major, minor))
     dtypes: tuple[str, ...] | None = None  # canonical names ("bfloat16")
     libs: tuple[str, ...] | None = None
+    available: str | Callable[[str, str], str | None] | None = None
     predicate: Callable[..., bool] | None = None
-    check: str | None = None  # "module:function"
 
     @classmethod
     def parse(cls, conditions: dict[str, Any] | None) -> Conditions:
@@ -68,6 +73,10 @@ class Conditions:
         if unknown:
             raise ValueError(f"unknown condition kind(s) {sorted(unknown)}; known: {list(CONDITION_KINDS)}")
         devices = sm = dtypes = libs = None
+        available = conditions.get("available")
+        if available is not None and not callable(available) and (
+                not isinstance(available, str) or ":" not in available):
+            raise ValueError(f"condition available={available!r} must be a callable or 'module:function'")
         if "device" in conditions:
             devices = _as_tuple(conditions["device"], "device")
             if set(devices) - set(DEVICE_TYPES):
@@ -84,16 +93,14 @@ class Conditions:
         predicate = conditions.get("predicate")
         if predicate is not None and not callable(predicate):
             raise ValueError(f"condition predicate must be callable, got {predicate!r}")
-        check = conditions.get("check")
-        if check is not None and (not isinstance(check, str) or ":" not in check):
-            raise ValueError(f"condition check must be a 'module:function' string, got {check!r}")
-        return cls(devices, sm, dtypes, libs, predicate, check)
+        return cls(devices, sm, dtypes, libs, available, predicate)
 
     def static_skip_reason(self, device_type: str, dtype: str,
                            capability: Callable[[], tuple[int, int]]) -> str | None:
         """Why the conditions that do not look at the call's shapes fail, or None if they hold.
 
-        `capability` is called only for an `sm` condition on a CUDA device.
+        `capability` is called only for an `sm` condition on a CUDA device; `available` only once every
+        other condition holds (it may compile an extension, which must not happen where it is useless).
         """
         if self.devices is not None and device_type not in self.devices:
             return f"needs device {'/'.join(self.devices)}, the call is on {device_type}"
@@ -110,6 +117,6 @@ class Conditions:
         for lib in self.libs or ():
             if not library_available(lib):
                 return f"optional library {lib!r} is not installed"
-        if self.check is not None:
-            return run_check(self.check, device_type, dtype)
+        if self.available is not None:
+            return availability_skip_reason(self.available, device_type, dtype)
         return None

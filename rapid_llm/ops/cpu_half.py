@@ -33,7 +33,7 @@ def cpu_lacks_half_kernels(dtype: torch.dtype) -> bool:
 
 
 def half_kernels_missing(device_type: str, dtype: str) -> str | None:
-    """The `check` condition of `cpu_fp32`: it applies only where oneDNN lacks native half kernels."""
+    """The `available` condition of `cpu_fp32`: it applies only where oneDNN lacks native half kernels."""
     if cpu_lacks_half_kernels(getattr(torch, dtype)):
         return None
     return f"this CPU's oneDNN has native {dtype} kernels, so computing in fp32 does not pay off"

@@ -16,7 +16,7 @@ from rapid_llm.ops.linear_kernel import LinearKernel
 
 
 def onednn_half_kernels_missing(device_type: str, dtype: str) -> str | None:
-    """The `check` condition: native half kernels are what make the packed layout pay off."""
+    """The `available` condition: native half kernels are what make the packed layout pay off."""
     supported = (torch.ops.mkldnn._is_mkldnn_bf16_supported() if dtype == "bfloat16"
                  else torch.ops.mkldnn._is_mkldnn_fp16_supported())
     return None if supported else f"this CPU's oneDNN has no native {dtype} kernels"

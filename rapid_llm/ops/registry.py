@@ -109,13 +109,14 @@ class OpRegistry:
         self._capability = capability
 
     def register(self, *, name: str, backend: str, fn: Callable[..., Any] | str, priority: int = 0,
-                 conditions: dict[str, Any] | None = None) -> Implementation:
+                 conditions: dict[str, Any] | Conditions | None = None) -> Implementation:
         implementations = self._implementations.setdefault(name, [])
         if any(impl.backend == backend for impl in implementations):
             raise ValueError(f"op {name!r} already has a backend {backend!r}")
         if not callable(fn) and (not isinstance(fn, str) or ":" not in fn):
             raise ValueError(f"op {name!r} backend {backend!r}: fn must be a callable or 'module:attribute'")
-        implementation = Implementation(name, backend, fn, priority, Conditions.parse(conditions))
+        parsed = conditions if isinstance(conditions, Conditions) else Conditions.parse(conditions)
+        implementation = Implementation(name, backend, fn, priority, parsed)
         implementations.append(implementation)
         implementations.sort(key=lambda impl: -impl.priority)  # stable: equal priorities keep registration order
         if name in self._ops:
@@ -126,6 +127,10 @@ class OpRegistry:
         if name not in self._ops:
             self._ops[name] = Op(name, self)
         return self._ops[name]
+
+    def implementations(self, name: str) -> tuple[Implementation, ...]:
+        """An op's implementations in priority order (e.g. to re-register them in a registry with a fake GPU)."""
+        return tuple(self._implementations.get(name, ()))
 
     def backends(self) -> dict[str, list[str]]:
         """Op name -> its backends in priority order."""

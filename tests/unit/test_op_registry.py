@@ -88,16 +88,30 @@ def refuses(device_type: str, dtype: str) -> str | None:
 
 
 @pytest.mark.parametrize(("check", "chosen"), [(f"{__name__}:holds", "fast"), (f"{__name__}:refuses", "ref")])
-def test_check_condition_runs_a_probe(check: str, chosen: str) -> None:
-    registry = two_implementations({"check": check})
+def test_available_condition_by_name_runs_a_probe(check: str, chosen: str) -> None:
+    registry = two_implementations({"available": check})
     assert registry.op("demo")(FakeTensor()) == chosen
     if chosen == "ref":
         assert "the probe says no on cpu for float32" in registry.select("demo", "cpu", "fp32").reason
+    with pytest.raises(ValueError, match="must be a callable or 'module:function'"):
+        two_implementations({"available": "nope"})
 
 
-def test_check_condition_must_name_a_function() -> None:
-    with pytest.raises(ValueError, match="'module:function'"):
-        two_implementations({"check": "no_colon"})
+def test_available_condition_is_asked_once_per_key_and_only_when_the_rest_holds() -> None:
+    calls = []
+
+    def available(device_type: str, dtype: str) -> str | None:
+        calls.append((device_type, dtype))
+        return "C++ extension demo failed to build: boom"
+
+    registry = two_implementations({"device": "cpu", "available": available})
+    assert registry.select("demo", "cuda", "fp32").backend == "ref"
+    assert calls == []  # the device condition failed first: nothing was built
+    selection = registry.select("demo", "cpu", "fp32")
+    assert selection.backend == "ref" and "skipped fast: C++ extension demo failed to build: boom" in selection.reason
+    registry.select("demo", "cpu", "fp32")
+    registry.select("demo", "cpu", "bf16")
+    assert calls == [("cpu", "float32"), ("cpu", "bfloat16")]
 
 
 def test_shape_predicate() -> None:

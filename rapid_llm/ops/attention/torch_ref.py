@@ -49,7 +49,7 @@ class TorchAttentionMetadata(AttentionMetadata):
     groups: list[PaddedGroup] = field(default_factory=list)
 
 
-def _build_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_size: int) -> PaddedGroup:
+def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_size: int) -> PaddedGroup:
     query_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
     group_query_lens = query_lens[seq_ids]
     group_seq_lens = common.seq_lens[seq_ids]
@@ -78,12 +78,44 @@ def _build_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_size: i
     )
 
 
+def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, group: PaddedGroup,
+                        scale: float, sliding_window: int | None) -> None:
+    """Attention of one padded group's tokens (K/V already in the cache), written into their output rows."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    if group.max_query_len == 1:
+        # Decodes: one query per sequence, already in padded order, so no scatter is needed.
+        padded_query = query[group.token_index].unsqueeze(2)
+    else:
+        padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
+        padded_query[group.padded_index] = query[group.token_index]
+        padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads,
+                                         head_dim).transpose(1, 2)
+    # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
+    history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
+    # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
+    compute = compute_dtype(history.device, history.dtype)
+    attended = F.scaled_dot_product_attention(
+        padded_query.to(compute),
+        history[0].to(compute),
+        history[1].to(compute),
+        attn_mask=group.mask(sliding_window),
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    if group.max_query_len == 1:
+        output[group.token_index] = attended.squeeze(2).to(query.dtype)
+        return
+    flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+    output[group.token_index] = flat[group.padded_index].to(query.dtype)
+
+
 class TorchReferenceBackend(AttentionBackend):
     def build_metadata(self, layout: StepLayout, device: torch.device) -> TorchAttentionMetadata:
         common = build_common_metadata(layout, device)
         is_decode = torch.tensor([q == 1 for q in layout.query_lens], dtype=torch.bool, device=device)
         groups = [
-            _build_group(common, seq_ids, layout.block_size)
+            build_padded_group(common, seq_ids, layout.block_size)
             for seq_ids in (torch.nonzero(is_decode).squeeze(1), torch.nonzero(~is_decode).squeeze(1))
             if len(seq_ids) > 0
         ]
@@ -100,35 +132,9 @@ class TorchReferenceBackend(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
-        num_heads, head_dim = query.shape[1], query.shape[2]
-        num_kv_heads = key.shape[1]
         output = torch.empty_like(query)
         for group in metadata.groups:
-            if group.max_query_len == 1:
-                # Decodes: one query per sequence, already in padded order, so no scatter is needed.
-                padded_query = query[group.token_index].unsqueeze(2)
-            else:
-                padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
-                padded_query[group.padded_index] = query[group.token_index]
-                padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads,
-                                                 head_dim).transpose(1, 2)
-            # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
-            history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
-            # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
-            compute = compute_dtype(history.device, history.dtype)
-            attended = F.scaled_dot_product_attention(
-                padded_query.to(compute),
-                history[0].to(compute),
-                history[1].to(compute),
-                attn_mask=group.mask(sliding_window),
-                scale=scale,
-                enable_gqa=num_heads != num_kv_heads,
-            )
-            if group.max_query_len == 1:
-                output[group.token_index] = attended.squeeze(2).to(query.dtype)
-                continue
-            flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
-            output[group.token_index] = flat[group.padded_index].to(query.dtype)
+            attend_padded_group(output, query, kv_cache, group, scale, sliding_window)
         return output
 
 

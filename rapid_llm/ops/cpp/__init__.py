@@ -1,0 +1,1 @@
+"""C++/CUDA op extensions built just in time (`jit.py`); their sources ship as package data in `csrc/`."""

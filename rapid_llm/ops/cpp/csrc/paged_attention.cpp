@@ -1,0 +1,307 @@
+// Causal attention over the paged KV cache on the CPU, for one mixed batch (prefills, chunks after
+// cached context, decodes). K/V rows are read in place through each sequence's block table: nothing is
+// gathered or padded. A work item is (query token, kv head, key range): its group of query heads shares
+// every K/V row it converts to fp32, and an online softmax (fp32, one rescale per cache block) keeps one
+// pass over the keys. When there are too few items to keep every thread busy (one or two long decodes),
+// each token's key range is split and the partial results are merged by log-sum-exp. Only the given
+// sequences are computed: the Python backend sends long prefills to a GEMM-based kernel instead.
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kMinSplitKeys = 256;   // shorter splits cost more in merging than they gain in parallelism
+constexpr int kItemsPerThread = 4;   // enough items per thread for dynamic scheduling to balance
+
+// e^x for x <= 0 ranges, vectorisable (libm's expf is not without -ffast-math): e^x = 2^n * 2^f with
+// |f| <= 1/2 and 2^f from its degree-7 Taylor series (relative error < 1e-8 there).
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float y = x * 1.4426950408889634f;
+  const float n = std::floor(y + 0.5f);
+  const float f = y - n;
+  float p = 1.525273380405984e-05f;
+  p = p * f + 1.5403530393381606e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename T>
+inline void to_float(const T* src, float* dst, int n, float scale) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+}
+
+inline float dot(const float* a, const float* b, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+struct WorkItem {
+  int64_t token;
+  int64_t seq;
+  int64_t key_begin;  // keys [key_begin, key_end) of the sequence
+  int64_t key_end;
+  int64_t partial;    // row in the partial buffers, or -1: the item covers all the token's keys
+};
+
+struct Layout {
+  int64_t num_heads, num_kv_heads, head_dim, block_size, group;
+  int64_t q_token_stride, q_head_stride;
+  int64_t cache_kv_stride, cache_block_stride, cache_slot_stride, cache_head_stride;
+};
+
+// One item: `group` query heads of one token against keys [key_begin, key_end) of one kv head.
+// Writes the unnormalised accumulator, running max and sum (acc [group, D], max/sum [group]).
+// kHeadDim > 0 fixes head_dim at compile time (the row loops then unroll; 0 = any head_dim).
+template <typename T, int kHeadDim>
+void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* query, const T* cache,
+            const int64_t* block_table, float scale, float* acc, float* running_max, float* running_sum,
+            std::vector<float>& scratch) {
+  const int64_t D = kHeadDim > 0 ? kHeadDim : L.head_dim, G = L.group, BS = L.block_size;
+  scratch.resize(G * D + 2 * D + G * BS);
+  float* q = scratch.data();
+  float* k_row = q + G * D;
+  float* v_row = k_row + D;
+  float* scores = v_row + D;  // [G, BS]
+  for (int64_t g = 0; g < G; ++g) {
+    const T* src = query + item.token * L.q_token_stride + (kv_head * G + g) * L.q_head_stride;
+    to_float(src, q + g * D, D, scale);
+    running_max[g] = -std::numeric_limits<float>::infinity();
+    running_sum[g] = 0.0f;
+  }
+  std::fill(acc, acc + G * D, 0.0f);
+  const T* keys = cache + kv_head * L.cache_head_stride;
+  const T* values = keys + L.cache_kv_stride;
+  for (int64_t start = item.key_begin; start < item.key_end;) {
+    const int64_t block = block_table[start / BS];
+    const int64_t offset = start % BS;
+    const int64_t count = std::min(BS - offset, item.key_end - start);
+    const int64_t row0 = block * L.cache_block_stride + offset * L.cache_slot_stride;
+    for (int64_t j = 0; j < count; ++j) {
+      to_float(keys + row0 + j * L.cache_slot_stride, k_row, D, 1.0f);
+      for (int64_t g = 0; g < G; ++g) scores[g * BS + j] = dot(q + g * D, k_row, D);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float* s = scores + g * BS;
+      float block_max = running_max[g];
+      for (int64_t j = 0; j < count; ++j) block_max = std::max(block_max, s[j]);
+      const float correction = exp_approx(running_max[g] - block_max);  // 0 on the first block
+      float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+      for (int64_t j = 0; j < count; ++j) {
+        s[j] = exp_approx(s[j] - block_max);
+        block_sum += s[j];
+      }
+      running_sum[g] = running_sum[g] * correction + block_sum;
+      running_max[g] = block_max;
+      if (correction != 1.0f) {
+        float* a = acc + g * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+      }
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      to_float(values + row0 + j * L.cache_slot_stride, v_row, D, 1.0f);
+      for (int64_t g = 0; g < G; ++g) {
+        const float p = scores[g * BS + j];
+        float* a = acc + g * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) a[d] += p * v_row[d];
+      }
+    }
+    start += count;
+  }
+}
+
+// Items for every (token, split) of the sequences `seq_ids`; `num_partials` counts the split items.
+std::vector<WorkItem> plan_items(const int64_t* query_start, const int64_t* seq_lens, const int64_t* seq_ids,
+                                 int64_t num_seqs, int64_t num_kv_heads, int64_t sliding_window,
+                                 int64_t block_size, int num_threads, int64_t& num_partials) {
+  int64_t num_tokens = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) num_tokens += query_start[seq_ids[i] + 1] - query_start[seq_ids[i]];
+  if (num_tokens == 0) return {};
+  const int64_t wanted_items = static_cast<int64_t>(num_threads) * kItemsPerThread;
+  const int64_t splits_wanted = num_tokens * num_kv_heads >= wanted_items
+      ? 1 : (wanted_items + num_tokens * num_kv_heads - 1) / (num_tokens * num_kv_heads);
+  std::vector<WorkItem> items;
+  items.reserve(num_tokens * (splits_wanted > 1 ? 2 : 1));
+  num_partials = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t seq = seq_ids[i];
+    const int64_t end = query_start[seq + 1];
+    for (int64_t token = query_start[seq]; token < end; ++token) {
+      const int64_t position = seq_lens[seq] - (end - token);
+      const int64_t key_end = position + 1;
+      const int64_t key_begin = sliding_window > 0 ? std::max<int64_t>(0, key_end - sliding_window) : 0;
+      const int64_t num_keys = key_end - key_begin;
+      int64_t split = std::max<int64_t>(kMinSplitKeys, (num_keys + splits_wanted - 1) / splits_wanted);
+      split = (split + block_size - 1) / block_size * block_size;  // whole blocks per split
+      if (splits_wanted == 1 || split >= num_keys) {
+        items.push_back({token, seq, key_begin, key_end, -1});
+        continue;
+      }
+      for (int64_t begin = key_begin; begin < key_end; begin += split)
+        items.push_back({token, seq, begin, std::min(key_end, begin + split), num_partials++});
+    }
+  }
+  return items;
+}
+
+template <typename T>
+using AttendFn = void (*)(const WorkItem&, int64_t, const Layout&, const T*, const T*, const int64_t*, float,
+                          float*, float*, float*, std::vector<float>&);
+
+template <typename T>
+AttendFn<T> attend_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 32: return attend<T, 32>;
+    case 64: return attend<T, 64>;
+    case 128: return attend<T, 128>;
+    case 256: return attend<T, 256>;
+    default: return attend<T, 0>;
+  }
+}
+
+template <typename T>
+void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor& kv_cache,
+         const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, const torch::Tensor& block_tables,
+         const torch::Tensor& seq_ids, double scale, int64_t sliding_window) {
+  Layout L;
+  L.num_heads = query.size(1);
+  L.num_kv_heads = kv_cache.size(3);
+  L.head_dim = query.size(2);
+  L.block_size = kv_cache.size(2);
+  L.group = L.num_heads / L.num_kv_heads;
+  L.q_token_stride = query.stride(0);
+  L.q_head_stride = query.stride(1);
+  L.cache_kv_stride = kv_cache.stride(0);
+  L.cache_block_stride = kv_cache.stride(1);
+  L.cache_slot_stride = kv_cache.stride(2);
+  L.cache_head_stride = kv_cache.stride(3);
+  const int64_t D = L.head_dim, G = L.group;
+  const int num_threads = at::get_num_threads();
+  int64_t num_partials = 0;
+  const std::vector<WorkItem> items =
+      plan_items(query_start_loc.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), seq_ids.data_ptr<int64_t>(),
+                 seq_ids.size(0), L.num_kv_heads, sliding_window, L.block_size, num_threads, num_partials);
+  // Partial rows [num_partials, kv_heads, G, D] and their max/sum; direct items use a per-thread row.
+  std::vector<float> partial_acc(num_partials * L.num_kv_heads * G * D);
+  std::vector<float> partial_max(num_partials * L.num_kv_heads * G), partial_sum(partial_max.size());
+  const T* q = query.data_ptr<T>();
+  const T* cache = kv_cache.data_ptr<T>();
+  T* out = output.data_ptr<T>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t table_stride = block_tables.stride(0);
+  const int64_t num_work = static_cast<int64_t>(items.size()) * L.num_kv_heads;
+  const AttendFn<T> attend_item = attend_for<T>(D);
+
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch, direct_acc(G * D), direct_max(G), direct_sum(G);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t work = 0; work < num_work; ++work) {
+      const WorkItem& item = items[work / L.num_kv_heads];
+      const int64_t kv_head = work % L.num_kv_heads;
+      const bool direct = item.partial < 0;
+      const int64_t row = direct ? 0 : item.partial * L.num_kv_heads + kv_head;
+      float* acc = direct ? direct_acc.data() : partial_acc.data() + row * G * D;
+      float* running_max = direct ? direct_max.data() : partial_max.data() + row * G;
+      float* running_sum = direct ? direct_sum.data() : partial_sum.data() + row * G;
+      attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale), acc,
+                running_max, running_sum, scratch);
+      if (!direct) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
+        const float inverse = 1.0f / running_sum[g];
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d] * inverse);
+      }
+    }
+  }
+  if (num_partials == 0) return;
+  // Merge each split token: consecutive items of one token, weighted by e^(max_i - max).
+  std::vector<int64_t> first_items;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].partial >= 0 && (i == 0 || items[i - 1].token != items[i].token))
+      first_items.push_back(static_cast<int64_t>(i));
+  const int64_t num_merges = static_cast<int64_t>(first_items.size()) * L.num_kv_heads;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t merge = 0; merge < num_merges; ++merge) {
+    const int64_t first = first_items[merge / L.num_kv_heads];
+    const int64_t kv_head = merge % L.num_kv_heads;
+    const int64_t token = items[first].token;
+    int64_t last = first;
+    while (last + 1 < static_cast<int64_t>(items.size()) && items[last + 1].token == token) ++last;
+    std::vector<float> merged(D);
+    for (int64_t g = 0; g < G; ++g) {
+      float global_max = -std::numeric_limits<float>::infinity();
+      for (int64_t i = first; i <= last; ++i)
+        global_max = std::max(global_max, partial_max[(items[i].partial * L.num_kv_heads + kv_head) * G + g]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      float total = 0.0f;
+      for (int64_t i = first; i <= last; ++i) {
+        const int64_t row = items[i].partial * L.num_kv_heads + kv_head;
+        const float weight = std::exp(partial_max[row * G + g] - global_max);
+        total += weight * partial_sum[row * G + g];
+        const float* acc = partial_acc.data() + (row * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) merged[d] += weight * acc[d];
+      }
+      T* dst = out + (token * L.num_heads + kv_head * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(merged[d] / total);
+    }
+  }
+}
+
+}  // namespace
+
+// output [T, Hq, D] (contiguous), query [T, Hq, D] (last dim contiguous), kv_cache [2, blocks, block_size,
+// Hkv, D]; query_start_loc [S + 1], seq_lens [S], block_tables [S, W] int64; only the rows of the
+// sequences seq_ids [S'] (int64) are computed; sliding_window 0 = none.
+void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
+                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                     const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+                     int64_t sliding_window) {
+  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(query.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
+              "paged_attention: query [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D] expected");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && output.scalar_type() == query.scalar_type(),
+              "paged_attention: query, output and kv_cache must share one dtype");
+  TORCH_CHECK(query.stride(2) == 1 && kv_cache.stride(4) == 1 && output.is_contiguous(),
+              "paged_attention: the head dimension must be contiguous");
+  TORCH_CHECK(query.size(2) == kv_cache.size(4) && query.size(1) % kv_cache.size(3) == 0,
+              "paged_attention: head_dim must match and query heads be a multiple of kv heads");
+  for (const torch::Tensor* index : {&query_start_loc, &seq_lens, &block_tables, &seq_ids})
+    TORCH_CHECK(index->scalar_type() == torch::kInt64 && index->device().is_cpu() &&
+                    (index->dim() == 1 ? index->is_contiguous() : index->stride(1) == 1),
+                "paged_attention: metadata must be int64 CPU tensors");
+  TORCH_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),
+              "paged_attention: metadata sizes disagree");
+  const int64_t* ids = seq_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < seq_ids.size(0); ++i)
+    TORCH_CHECK(0 <= ids[i] && ids[i] < seq_lens.size(0), "paged_attention: seq_ids out of range");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
+    run<scalar_t>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids, scale,
+                  sliding_window);
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
+}

@@ -1,0 +1,145 @@
+"""Build a C++/CUDA op extension on first use with `torch.utils.cpp_extension.load`, into a persistent cache.
+
+A `JitExtension` names its sources (in `csrc/`, shipped as package data) and flags. The build directory
+is `$RAPID_LLM_EXTENSION_CACHE` (default `~/.cache/rapid_llm/torch_extensions`) / `<name>-<key>`, where
+the key hashes the sources, flags, compiler, torch and Python versions and the CPU's feature flags
+(`-march=native` code must not be reused on another CPU). The first start compiles (and logs how long
+it took); later starts load the built library. `skip_reason()` is what the op registry's `available`
+condition calls when dispatch first considers an implementation: it builds or loads (once per process,
+`functools.cache`) and turns a missing compiler or a failed build into a skip reason, never an error.
+Usage:
+    CPU_OPS = JitExtension("rapid_llm_cpu_ops", ("paged_attention.cpp",), cflags=CPU_CFLAGS)
+    CPU_OPS.skip_reason()  # None when usable; CPU_OPS.load().paged_attention(...)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "RAPID_LLM_EXTENSION_CACHE"
+SOURCE_DIR = Path(__file__).parent / "csrc"
+# -march=native: the kernels rely on the compiler vectorising their loops for this CPU (the cache key
+# holds its feature flags); OpenMP for the parallel loops (torch's own libgomp.so.1 is the one loaded).
+CPU_CFLAGS = ("-O3", "-march=native", "-fopenmp")
+CPU_LDFLAGS = ("-fopenmp",)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rapid_llm" / "torch_extensions")
+
+
+@functools.cache
+def _cpu_features() -> str:
+    """The CPU's feature flags (Linux /proc/cpuinfo), else the best description the platform gives."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+@dataclass(frozen=True)
+class JitExtension:
+    name: str
+    sources: tuple[str, ...]  # file names in csrc/
+    cflags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    cuda_cflags: tuple[str, ...] = ()
+
+    @property
+    def is_cuda(self) -> bool:
+        return any(source.endswith(".cu") for source in self.sources)
+
+    def build_directory(self) -> Path:
+        digest = hashlib.sha256()
+        for source in self.sources:
+            digest.update((SOURCE_DIR / source).read_bytes())
+        compiler = shutil.which(os.environ.get("CXX", "c++")) or ""
+        for part in (self.cflags, self.ldflags, self.cuda_cflags, compiler, torch.__version__, sys.version,
+                     _cpu_features(), torch.version.cuda or ""):
+            digest.update(repr(part).encode())
+        return cache_root() / f"{self.name}-{digest.hexdigest()[:16]}"
+
+    def missing_toolchain(self) -> str | None:
+        """Why this extension cannot be built here at all, without trying (None when it can)."""
+        from torch.utils import cpp_extension
+
+        compiler = os.environ.get("CXX", "c++")
+        if shutil.which(compiler) is None:
+            return f"no C++ compiler ({compiler!r}) on PATH"
+        if not cpp_extension.is_ninja_available():
+            return "ninja (needed by torch.utils.cpp_extension) is not installed"
+        if self.is_cuda:
+            if torch.version.cuda is None:
+                return "this torch build has no CUDA"
+            if not torch.cuda.is_available():
+                return "no CUDA device"
+            if cpp_extension.CUDA_HOME is None:
+                return "nvcc / CUDA_HOME not found"
+        return None
+
+    def load(self) -> Any:
+        """The built module (compiled on the first start, loaded from the cache later); raises on failure."""
+        return _load(self)
+
+    def skip_reason(self) -> str | None:
+        """None when the extension is usable; otherwise why not (logged once with the build's error)."""
+        return _skip_reason(self)
+
+
+@functools.cache
+def _load(extension: JitExtension) -> Any:
+    from torch.utils import cpp_extension
+
+    directory = extension.build_directory()
+    cached = (directory / f"{extension.name}.so").exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    if not cached:
+        logger.info("compiling C++ op extension %s into %s (first start only)", extension.name, directory)
+    start = time.perf_counter()
+    module = cpp_extension.load(
+        name=extension.name,
+        sources=[str(SOURCE_DIR / source) for source in extension.sources],
+        extra_cflags=list(extension.cflags),
+        extra_ldflags=list(extension.ldflags),
+        extra_cuda_cflags=list(extension.cuda_cflags),
+        build_directory=str(directory),
+        with_cuda=extension.is_cuda,
+        verbose=False,
+    )
+    elapsed = time.perf_counter() - start
+    if cached:
+        logger.info("loaded C++ op extension %s from the cache %s in %.2f s", extension.name, directory, elapsed)
+    else:
+        logger.info("compiled C++ op extension %s in %.1f s", extension.name, elapsed)
+    return module
+
+
+@functools.cache
+def _skip_reason(extension: JitExtension) -> str | None:
+    missing = extension.missing_toolchain()
+    if missing is not None:
+        return f"C++ extension {extension.name} cannot be built: {missing}"
+    try:
+        extension.load()
+    except (RuntimeError, OSError, ImportError) as error:  # a compile/link error, or a library that won't load
+        logger.warning("building C++ op extension %s failed; its ops are skipped:\n%s", extension.name, error)
+        last_line = next((line for line in reversed(str(error).splitlines()) if line.strip()), type(error).__name__)
+        return f"C++ extension {extension.name} failed to build: {last_line.strip()}"
+    return None

@@ -1,0 +1,84 @@
+"""The cpu_paged attention backend (C++ extension) matches naive attention and the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapid_llm.config.dtypes import dtype_from_name
+from rapid_llm.ops.attention import cpu_paged
+from rapid_llm.ops.attention.cpu_paged import CPU_PAGED_BACKEND, CpuPagedBackend, skip_reason
+from rapid_llm.ops.attention.torch_ref import TORCH_REF_BACKEND
+from tests.kernels.attention_cases import run_mixed_batch
+
+UNAVAILABLE = skip_reason("cpu", "float32")
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
+TOLERANCES = {"fp32": 2e-5, "bf16": 1e-2, "fp16": 2e-3}
+# (context already cached, new tokens) per sequence.
+CASES = {
+    "one_token": [(0, 1)],
+    "mixed": [(9, 1), (0, 7), (5, 4), (12, 1)],
+    "unaligned": [(17, 1), (0, 33), (31, 2), (1, 15)],
+    "long_decodes_split": [(1999, 1), (700, 1)],
+    "long_chunk_after_context": [(600, 40)],
+}
+
+
+@pytest.fixture(params=["hybrid", "kernel_only"])
+def kernel_query_len(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hybrid: long chunks go to SDPA as in serving; kernel_only: the C++ kernel computes every row."""
+    if request.param == "kernel_only":
+        monkeypatch.setattr(cpu_paged, "MAX_KERNEL_QUERY_LEN", 1 << 30)
+
+
+class _StridedQuery(CpuPagedBackend):
+    """Queries come as a view of the fused qkv projection: rows are strided, heads contiguous."""
+
+    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):  # type: ignore[no-untyped-def]
+        fused = torch.cat([query.flatten(1), key.flatten(1), value.flatten(1)], dim=1)
+        strided = fused[:, : query[0].numel()].view(query.shape)
+        assert not strided.is_contiguous()
+        return super().forward(strided, key, value, kv_cache, metadata, scale, sliding_window)
+
+
+@pytest.mark.usefixtures("kernel_query_len")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "window"), [(4, 2, 8, None), (8, 1, 64, None),
+                                                                      (4, 4, 32, 5), (6, 2, 16, 300)])
+def test_matches_naive_and_torch_ref(case: str, dtype: str, heads: int, kv_heads: int, head_dim: int,
+                                     window: int | None) -> None:
+    shapes, torch_dtype, block_size = CASES[case], dtype_from_name(dtype), 16 if head_dim > 8 else 3
+    outputs = []
+    for backend in (CPU_PAGED_BACKEND, TORCH_REF_BACKEND):
+        torch.manual_seed(0)  # both backends see the same inputs
+        outputs.append(run_mixed_batch(backend, shapes, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                       block_size=block_size, dtype=torch_dtype, window=window))
+    (output, naive), (reference, _) = outputs
+    tolerance = TOLERANCES[dtype]
+    assert output.dtype == torch_dtype and output.shape == reference.shape
+    torch.testing.assert_close(output.float(), naive, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(output.float(), reference.float(), atol=2 * tolerance, rtol=2 * tolerance)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_split_count_does_not_change_the_result(threads: int) -> None:
+    """One long decode is split along its keys (more splits with more threads); the merge is exact."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(1)
+        output, naive = run_mixed_batch(CPU_PAGED_BACKEND, [(4000, 1)], heads=2, kv_heads=1, head_dim=32,
+                                        block_size=16)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(output, naive, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.usefixtures("kernel_query_len")
+def test_strided_query_rows() -> None:
+    torch.manual_seed(2)
+    output, naive = run_mixed_batch(_StridedQuery(), [(5, 3), (20, 1)], heads=4, kv_heads=2, head_dim=16,
+                                    block_size=16)
+    torch.testing.assert_close(output, naive, atol=2e-5, rtol=2e-5)
+
