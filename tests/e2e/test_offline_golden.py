@@ -68,11 +68,14 @@ def _generate(checkpoint, prompts, engine_args: dict) -> list[list[int]]:
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_bf16_auto_ops_match_reference_ops(tiny_checkpoint, prompts, schedule: str) -> None:
-    """In bf16 dispatch picks other implementations than in fp32 (e.g. oneDNN-packed linear on CPUs with
-    native bf16 kernels); with each schedule they must give the reference ops' greedy tokens."""
+    """In bf16 dispatch picks other implementations than the references (oneDNN-packed linear or cpu_fp32,
+    the fused C++ ops); with each schedule they must give the reference ops' greedy tokens. Attention is
+    pinned to torch_ref on both sides: the C++ kernel keeps probabilities in fp32 where SDPA rounds them
+    to bf16, so near-tied logits of this random model may flip; its golden is the fp32 test above, its
+    bf16 accuracy tests/kernels/test_attention_cpu_paged.py."""
     checkpoint = tiny_checkpoint(dtype=torch.bfloat16)
     reference = _generate(checkpoint, prompts, {**SCHEDULES[schedule], **ALL_REFERENCE})
-    assert _generate(checkpoint, prompts, SCHEDULES[schedule]) == reference
+    assert _generate(checkpoint, prompts, {**SCHEDULES[schedule], "op_backend": "attention=torch_ref"}) == reference
 
 
 def test_llm_generates_text_and_leaves_no_process(checkpoint) -> None:

@@ -7,7 +7,8 @@ import torch
 
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.ops.attention import cpu_paged
-from rapid_llm.ops.attention.cpu_paged import CPU_PAGED_BACKEND, CpuPagedBackend, skip_reason
+from rapid_llm.ops.attention.cpu_paged import CPU_PAGED_BACKEND, CpuPagedBackend
+from rapid_llm.ops.cpp.cpu_ops import skip_reason
 from rapid_llm.ops.attention.torch_ref import TORCH_REF_BACKEND
 from tests.kernels.attention_cases import run_mixed_batch
 

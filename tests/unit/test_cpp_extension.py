@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rapid_llm.ops.attention import cpu_paged
+from rapid_llm.ops.cpp.cpu_ops import skip_reason
 from rapid_llm.ops.cpp import jit
 from rapid_llm.ops.cpp.jit import CACHE_ENV, JitExtension
 from rapid_llm.ops.registry import REGISTRY
@@ -68,9 +69,10 @@ def test_a_missing_compiler_is_a_skip_reason_without_building(sources: Path, mon
     assert not (sources.parent / "cache").exists()
 
 
-@pytest.mark.skipif(cpu_paged.skip_reason("cpu", "float32") is not None,
-                    reason=str(cpu_paged.skip_reason("cpu", "float32")))
+@pytest.mark.skipif(skip_reason("cpu", "float32") is not None, reason=str(skip_reason("cpu", "float32")))
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_cpu_paged_is_the_cpu_attention_backend(dtype: str) -> None:
+def test_the_extension_s_ops_are_the_cpu_defaults(dtype: str) -> None:
     selection = REGISTRY.select("attention", "cpu", dtype)
     assert selection.backend == "cpu_paged" and selection.fn is cpu_paged.CPU_PAGED_BACKEND
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"):
+        assert REGISTRY.select(op, "cpu", dtype).backend == "cpu_cpp"

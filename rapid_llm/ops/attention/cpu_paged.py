@@ -20,16 +20,10 @@ import torch
 from rapid_llm import ops
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.torch_ref import PaddedGroup, attend_padded_group, build_padded_group
-from rapid_llm.ops.cpp.jit import CPU_CFLAGS, CPU_LDFLAGS, JitExtension
-
-CPU_OPS = JitExtension("rapid_llm_cpu_ops", ("paged_attention.cpp",), cflags=CPU_CFLAGS, ldflags=CPU_LDFLAGS)
+from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
 # The kernel beats padded SDPA up to ~4 new tokens after a 500-token context (bf16, 1 thread: 143 vs
 # 161 us at 4 tokens, 299 vs 180 us at 8).
 MAX_KERNEL_QUERY_LEN = 4
-
-
-def skip_reason(device_type: str, dtype: str) -> str | None:
-    return CPU_OPS.skip_reason()
 
 
 @dataclass

@@ -47,6 +47,19 @@ inline void to_float(const T* src, float* dst, int n, float scale) {
   for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
 }
 
+// bf16 is the top half of an fp32: widening is a shift, which vectorises (c10's conversion does not).
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n, float scale) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
+    float value;
+    std::memcpy(&value, &widened, sizeof(value));
+    dst[i] = value * scale;
+  }
+}
+
 inline float dot(const float* a, const float* b, int n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -300,8 +313,4 @@ void paged_attention(torch::Tensor output, const torch::Tensor& query, const tor
     run<scalar_t>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids, scale,
                   sliding_window);
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
 }

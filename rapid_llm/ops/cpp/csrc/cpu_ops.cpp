@@ -1,0 +1,25 @@
+// The Python module of the CPU op extension: binds the kernels of paged_attention.cpp and
+// fused_elementwise.cpp (one module, so one build and one load serve every CPU op).
+#include <torch/extension.h>
+
+#include <vector>
+
+void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
+                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                     const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+                     int64_t sliding_window);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
+                                              const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul(const torch::Tensor& x);
+std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const torch::Tensor& key,
+                                            const torch::Tensor& cos, const torch::Tensor& sin, int64_t head_dim,
+                                            int64_t rotary_dim, bool is_neox_style);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
+  module.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  module.def("fused_add_rms_norm", &fused_add_rms_norm, "(rms_norm(x + residual), x + residual)");
+  module.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of [rows, 2 * width]");
+  module.def("rotary_embedding", &rotary_embedding, "Rotary embedding of query and key rows");
+}
