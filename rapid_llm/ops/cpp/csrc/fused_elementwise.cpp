@@ -1,39 +1,124 @@
 // Fused CPU versions of the small per-layer ops: rms_norm, fused add + rms_norm, silu_and_mul and rotary
 // (neox or gpt-j pairs, partial). Each is one pass over its rows instead of the 3-9 ATen ops the torch
-// reference chains, which at decode sizes is mostly per-op dispatch cost. Every intermediate is rounded
-// to the tensor dtype exactly where the reference rounds (each ATen op rounds its result), so outputs
-// equal torch_ref's up to the order of the fp32 sum of squares. Rows run in parallel (at::parallel_for).
+// reference chains, which at decode sizes is mostly per-op dispatch cost. A row is widened to fp32 into a
+// scratch buffer, computed there and narrowed back, with plain loops the compiler vectorises (bf16 <-> fp32
+// by bit operations, e^x by a polynomial). Every intermediate is rounded to the tensor dtype exactly where
+// the reference rounds (each ATen op rounds its result), so outputs equal torch_ref's up to the order of
+// the fp32 sum of squares and e^x's last bit. Rows run in parallel (at::parallel_for).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 // No fused multiply-adds here: a*b - c*d must round each product as the reference's separate ATen ops do
-// (in fp32 too, where `rounded` is the identity), or rotary outputs drift by an ulp from torch_ref's.
+// (in fp32 too, where rounding is the identity), or rotary outputs drift by an ulp from torch_ref's.
 #pragma GCC optimize("fp-contract=off")
 
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
 
+inline float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+// Round to nearest even, as c10::BFloat16 does (NaN stays NaN: its payload only grows).
+inline uint16_t float_to_bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Widen n values of T to fp32, narrow fp32 to T, and round fp32 to T's precision in place.
 template <typename T>
-inline float rounded(float value) {
-  return static_cast<float>(static_cast<T>(value));
+void widen(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+template <>
+void widen<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(bits[i]);
 }
 
 template <typename T>
-void normalize_row(const T* x, const T* weight, T* out, int64_t hidden, float eps) {
+void narrow(const float* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+template <>
+void narrow<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
+  uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) bits[i] = float_to_bf16_bits(src[i]);
+}
+
+template <typename T>
+void round_to(float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
+}
+template <>
+void round_to<float>(float*, int64_t) {}
+template <>
+void round_to<c10::BFloat16>(float* values, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) values[i] = bf16_bits_to_float(float_to_bf16_bits(values[i]));
+}
+
+// e^x, vectorisable: 2^n * 2^f with |f| <= 1/2, 2^f by its degree-7 Taylor series (relative error < 1e-7).
+inline float exp_poly(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float y = x * 1.4426950408889634f;
+  const float n = std::nearbyint(y);
+  const float f = y - n;
+  float p = 1.525273380405984e-05f;
+  p = p * f + 1.5403530393381606e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Loops the dispatch lambdas below need (a pragma cannot sit inside a macro's argument).
+inline void add_into(float* values, const float* other, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) values[i] += other[i];
+}
+
+inline void multiply_into(float* values, const float* other, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) values[i] *= other[i];
+}
+
+inline void silu_into(float* values, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) values[i] = values[i] / (1.0f + exp_poly(-values[i]));
+}
+
+// weight * round(x / rms(x)), x already widened (and rounded) in `row`; writes `out`.
+template <typename T>
+void normalize_row(float* row, const float* weight, T* out, int64_t hidden, float eps) {
   float sum_squares = 0.0f;
-  for (int64_t i = 0; i < hidden; ++i) {
-    const float value = static_cast<float>(x[i]);
-    sum_squares += value * value;
-  }
+#pragma omp simd reduction(+ : sum_squares)
+  for (int64_t i = 0; i < hidden; ++i) sum_squares += row[i] * row[i];
   const float inverse_rms = 1.0f / std::sqrt(sum_squares / static_cast<float>(hidden) + eps);
-  for (int64_t i = 0; i < hidden; ++i) {
-    const float normalized = rounded<T>(static_cast<float>(x[i]) * inverse_rms);
-    out[i] = static_cast<T>(static_cast<float>(weight[i]) * normalized);
-  }
+#pragma omp simd
+  for (int64_t i = 0; i < hidden; ++i) row[i] *= inverse_rms;
+  round_to<T>(row, hidden);
+  multiply_into(row, weight, hidden);
+  narrow(row, out, hidden);
 }
 
 void check_rows(const torch::Tensor& x, const char* what) {
@@ -47,6 +132,13 @@ void check_weight(const torch::Tensor& weight, const torch::Tensor& x) {
               "rms_norm: weight must be a contiguous [width] tensor in the input's dtype");
 }
 
+template <typename T>
+std::vector<float> widened_weight(const torch::Tensor& weight) {
+  std::vector<float> values(weight.size(0));
+  widen(weight.data_ptr<T>(), values.data(), weight.size(0));
+  return values;
+}
+
 }  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -56,11 +148,14 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const int64_t rows = x.size(0), hidden = x.size(1), stride = x.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
-    const scalar_t* w = weight.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
+    const std::vector<float> w = widened_weight<scalar_t>(weight);
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row)
-        normalize_row(src + row * stride, w, dst + row * hidden, hidden, static_cast<float>(eps));
+      std::vector<float> row(hidden);
+      for (int64_t r = begin; r < end; ++r) {
+        widen(src + r * stride, row.data(), hidden);
+        normalize_row(row.data(), w.data(), dst + r * hidden, hidden, static_cast<float>(eps));
+      }
     });
   });
   return out;
@@ -79,17 +174,18 @@ std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torc
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
     const scalar_t* a = x.data_ptr<scalar_t>();
     const scalar_t* b = residual.data_ptr<scalar_t>();
-    const scalar_t* w = weight.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     scalar_t* sum = summed.data_ptr<scalar_t>();
+    const std::vector<float> w = widened_weight<scalar_t>(weight);
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const scalar_t* a_row = a + row * x.stride(0);
-        const scalar_t* b_row = b + row * residual.stride(0);
-        scalar_t* sum_row = sum + row * hidden;
-        for (int64_t i = 0; i < hidden; ++i)
-          sum_row[i] = static_cast<scalar_t>(static_cast<float>(a_row[i]) + static_cast<float>(b_row[i]));
-        normalize_row(sum_row, w, dst + row * hidden, hidden, static_cast<float>(eps));
+      std::vector<float> row(hidden), other(hidden);
+      for (int64_t r = begin; r < end; ++r) {
+        widen(a + r * x.stride(0), row.data(), hidden);
+        widen(b + r * residual.stride(0), other.data(), hidden);
+        add_into(row.data(), other.data(), hidden);
+        round_to<scalar_t>(row.data(), hidden);
+        narrow(row.data(), sum + r * hidden, hidden);
+        normalize_row(row.data(), w.data(), dst + r * hidden, hidden, static_cast<float>(eps));
       }
     });
   });
@@ -105,14 +201,14 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const scalar_t* gate = src + row * x.stride(0);
-        const scalar_t* up = gate + width;
-        for (int64_t i = 0; i < width; ++i) {
-          const float g = static_cast<float>(gate[i]);
-          const float activated = rounded<scalar_t>(g / (1.0f + std::exp(-g)));
-          dst[row * width + i] = static_cast<scalar_t>(activated * static_cast<float>(up[i]));
-        }
+      std::vector<float> gate(width), up(width);
+      for (int64_t r = begin; r < end; ++r) {
+        widen(src + r * x.stride(0), gate.data(), width);
+        widen(src + r * x.stride(0) + width, up.data(), width);
+        silu_into(gate.data(), width);
+        round_to<scalar_t>(gate.data(), width);
+        multiply_into(gate.data(), up.data(), width);
+        narrow(gate.data(), dst + r * width, width);
       }
     });
   });
@@ -129,22 +225,41 @@ void rotate(const torch::Tensor& x, torch::Tensor& out, const T* cos, const T* s
   const T* src = x.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const T* c = cos + row * table_stride;
-      const T* s = sin + row * table_stride;
+    std::vector<float> row(width), c(half), s(half), x1(half), x2(half), a(half), b(half);
+    for (int64_t r = begin; r < end; ++r) {
+      widen(src + r * x.stride(0), row.data(), width);
+      widen(cos + r * table_stride, c.data(), half);
+      widen(sin + r * table_stride, s.data(), half);
       for (int64_t head = 0; head < heads; ++head) {
-        const T* in = src + row * x.stride(0) + head * head_dim;
-        T* o = dst + row * width + head * head_dim;
+        float* h = row.data() + head * head_dim;
+        const int64_t step = is_neox_style ? 1 : 2, first = 0, second = is_neox_style ? half : 1;
         for (int64_t i = 0; i < half; ++i) {
-          const int64_t first = is_neox_style ? i : 2 * i, second = is_neox_style ? i + half : 2 * i + 1;
-          const float x1 = static_cast<float>(in[first]), x2 = static_cast<float>(in[second]);
-          const float ci = static_cast<float>(c[i]), si = static_cast<float>(s[i]);
-          // (x1 cos - x2 sin, x2 cos + x1 sin), each product and the sum rounded as the reference does.
-          o[first] = static_cast<T>(rounded<T>(x1 * ci) - rounded<T>(x2 * si));
-          o[second] = static_cast<T>(rounded<T>(x2 * ci) + rounded<T>(x1 * si));
+          x1[i] = h[first + i * step];
+          x2[i] = h[second + i * step];
         }
-        for (int64_t i = rotary_dim; i < head_dim; ++i) o[i] = in[i];
+        // (x1 cos - x2 sin, x2 cos + x1 sin), each product and the sum rounded as the reference does.
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          a[i] = x1[i] * c[i];
+          b[i] = x2[i] * s[i];
+        }
+        round_to<T>(a.data(), half);
+        round_to<T>(b.data(), half);
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float rotated_first = a[i] - b[i];
+          a[i] = x2[i] * c[i];
+          b[i] = x1[i] * s[i];
+          x1[i] = rotated_first;
+        }
+        round_to<T>(a.data(), half);
+        round_to<T>(b.data(), half);
+        for (int64_t i = 0; i < half; ++i) {
+          h[first + i * step] = x1[i];
+          h[second + i * step] = a[i] + b[i];
+        }
       }
+      narrow(row.data(), dst + r * width, width);
     }
   });
 }
