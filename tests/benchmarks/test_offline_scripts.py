@@ -1,4 +1,4 @@
-"""bench_offline_throughput.py (both backends) and bench_latency.py run end to end and save results."""
+"""bench_offline_throughput.py (both backends), bench_latency.py and profile_step.py run end to end."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, *args: str) -> None:
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], check=True, cwd=REPO,
-                   capture_output=True, text=True, timeout=300)
+def _run(script: str, *args: str) -> str:
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], check=True, cwd=REPO,
+                          capture_output=True, text=True, timeout=300).stdout
 
 
 def test_offline_throughput_rapid_llm_and_hf(tiny_checkpoint, tmp_path: Path) -> None:
@@ -38,3 +38,11 @@ def test_latency(tiny_checkpoint, tmp_path: Path) -> None:
     assert len(result["latencies"]) == 2 and result["avg_latency"] > 0
     assert set(result["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
     assert result["prefill_latency_ms"]["avg_ms"] > 0 and "p99_ms" in result["decode_step_latency_ms"]
+
+
+def test_profile_step_times_a_mixed_step_with_pinned_ops(tiny_checkpoint) -> None:
+    output = _run("profile_step.py", "--model", str(tiny_checkpoint()), "--decodes", "2", "--context-len", "20",
+                  "--prefills", "1", "--prefill-len", "9", "--iters", "2", "--warmup", "1", "--profile",
+                  "--op-backend", "linear=torch_ref")
+    assert "step: 2 decodes at 20 + 1 prefills of 9" in output and "median" in output
+    assert "linear=torch_ref" in output and "ATen ops" in output and "Self CPU" in output
