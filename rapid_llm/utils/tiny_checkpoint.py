@@ -23,7 +23,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                           "Qwen3MoeForCausalLM")
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -51,15 +51,22 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "Qwen3ForCausalLM": transformers.Qwen3Config,
     "MistralForCausalLM": transformers.MistralConfig,
     "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+    "MixtralForCausalLM": transformers.MixtralConfig,
+    "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
 # derives it from the hidden size instead of reading the config fails loudly.
-# Qwen3-MoE: 4 experts, top-2, and a dense middle layer (mlp_only_layers) so both MLP kinds are checked.
+# Qwen2/3-MoE: 4 experts, top-2, and a dense middle layer (mlp_only_layers) so both MLP kinds are checked;
+# Qwen2-MoE keeps its default norm_topk_prob=False, so each renormalisation rule is covered. Mixtral's
+# experts are `intermediate_size` wide; 4 of them, top-2.
+_QWEN_MOE = {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+             "mlp_only_layers": [1]}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
-    "Qwen3MoeForCausalLM": {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
-                            "moe_intermediate_size": 48, "norm_topk_prob": True, "mlp_only_layers": [1]},
+    "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
+    "Qwen2MoeForCausalLM": {"shared_expert_intermediate_size": 80, **_QWEN_MOE},
+    "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48},
 }
 
 _CORPUS = r'''
