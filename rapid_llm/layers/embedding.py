@@ -2,9 +2,10 @@
 
 Each rank holds a contiguous slice of (padded) vocabulary rows. The embedding zeroes ids
 outside its slice and all-reduces; the head computes its slice of logits and all-gathers.
-With `tie_word_embeddings` the model points the head's weight at the embedding's, so the head keeps
-`weight` as loaded and computes logits from `logits_weight`: the same tensor, or its copy in the
-format of the linear kernel `prepare_weights` selects (e.g. oneDNN-packed on CPU).
+With `tie_word_embeddings` the model points the head's weight at the embedding's. `prepare_weights`
+then gives the head its own Parameter in the selected linear kernel's format: the same storage when
+that format is the checkpoint's, else a copy (the embedding keeps the original; an untied head's
+original is dropped).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from rapid_llm.layers.linear import select_linear_kernel
+from rapid_llm.layers.linear import LinearBase
 from rapid_llm.layers.weight_utils import copy_weight
 from rapid_llm.ops.linear_kernel import TORCH_LINEAR
 
@@ -51,13 +52,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
         self.kernel = TORCH_LINEAR
-        self.logits_weight: torch.Tensor | None = None
 
-    def prepare_weights(self) -> None:
-        self.kernel = select_linear_kernel(self.weight)
-        self.logits_weight = self.kernel.prepare(self.weight.data)
+    prepare_weights = LinearBase.prepare_weights
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self.weight if self.logits_weight is None else self.logits_weight
-        logits = tp_all_gather(self.kernel(hidden_states, weight), dim=-1)
+        logits = tp_all_gather(self.kernel(hidden_states, self.weight), dim=-1)
         return logits[..., : self.vocab_size]

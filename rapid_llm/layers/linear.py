@@ -47,7 +47,10 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded, shard_id)
 
     def prepare_weights(self) -> None:
-        """Once, after loading: pick the kernel and put the weight in its format."""
+        """Once, after loading: pick the kernel and put the weight in its format (from then on `weight` is
+        in that format, e.g. oneDNN's opaque layout, not the checkpoint's). A second call does nothing."""
+        if self.kernel is not TORCH_LINEAR:
+            return
         self.kernel = select_linear_kernel(self.weight)
         self.weight = nn.Parameter(self.kernel.prepare(self.weight.data), requires_grad=False)
 

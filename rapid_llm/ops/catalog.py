@@ -72,5 +72,5 @@ register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.
             priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
 register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=7.5", "dtype": ["bf16", "fp16"], "lib": "flashinfer"})
-register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:linear", priority=-10,
+register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:DEEP_GEMM_LINEAR", priority=-10,
             conditions={"device": "cuda", "sm": ">=9.0", "dtype": "bf16", "lib": "deep_gemm"})

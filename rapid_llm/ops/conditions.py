@@ -43,10 +43,13 @@ def library_available(module: str) -> bool:
 def availability_skip_reason(check: str | Callable[[str, str], str | None], device_type: str,
                              dtype: str) -> str | None:
     """The `available` check's answer for (device_type, dtype), computed once (it may build an extension)."""
-    if isinstance(check, str):
-        module, attribute = check.split(":")
-        check = getattr(importlib.import_module(module), attribute)
-    return check(device_type, dtype)
+    try:
+        if isinstance(check, str):
+            module, attribute = check.split(":")
+            check = getattr(importlib.import_module(module), attribute)
+        return check(device_type, dtype)
+    except Exception as error:  # a probe that breaks must skip its implementation, never stop start-up
+        return f"its availability check failed: {type(error).__name__}: {error}"
 
 
 def _as_tuple(value: str | list[str] | tuple[str, ...], kind: str) -> tuple[str, ...]:

@@ -25,6 +25,8 @@ MIN_FP32_ROWS = 4
 @lru_cache(maxsize=None)
 def cpu_lacks_half_kernels(dtype: torch.dtype) -> bool:
     name = dtype_name(dtype)
+    if not torch.backends.mkldnn.is_available():  # a torch build without oneDNN has no half kernels either
+        return name in ("bfloat16", "float16")
     if name == "bfloat16":
         return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if name == "float16":

@@ -3,7 +3,7 @@
 Where oneDNN has native half kernels (AVX-512 BF16/FP16, AMX), a GEMM over a prepacked weight skips
 the per-call reorder that `F.linear` pays: on a 2-core AMX machine, bf16 [1, 768] x [768, 5120] takes
 0.19 ms instead of 0.34 ms and [128, 256] x [256, 2048] 0.08 instead of 0.11 ms (benchmarks/bench_ops.py).
-Results equal `F.linear`'s in the same dtype bit for bit. A weight still in the checkpoint layout (an
+bf16 results equal `F.linear`'s bit for bit; fp16 one-row products may differ in the last bit. A weight still in the checkpoint layout (an
 unprepared call through `ops.linear`, e.g. a MoE expert slice) goes to `F.linear`.
 """
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rapid_llm.ops.cpu_half import cpu_lacks_half_kernels
 from rapid_llm.ops.linear_kernel import LinearKernel
 
 
 def onednn_half_kernels_missing(device_type: str, dtype: str) -> str | None:
     """The `available` condition: native half kernels are what make the packed layout pay off."""
-    supported = (torch.ops.mkldnn._is_mkldnn_bf16_supported() if dtype == "bfloat16"
-                 else torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    return None if supported else f"this CPU's oneDNN has no native {dtype} kernels"
+    if cpu_lacks_half_kernels(getattr(torch, dtype)):
+        return f"this CPU's oneDNN has no native {dtype} kernels"
+    return None
 
 
 class OneDNNLinear(LinearKernel):

@@ -3,6 +3,7 @@ cpu_fp32 linear (numerics of every implementation against torch_ref: tests/kerne
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import LinearBase
+from rapid_llm.ops.linear_kernel import LinearKernel
 from rapid_llm.ops.cpu_half import CPU_FP32_LINEAR, MIN_FP32_ROWS, cpu_lacks_half_kernels
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
 from rapid_llm.ops.conditions import library_available
@@ -95,6 +97,20 @@ def test_available_condition_by_name_runs_a_probe(check: str, chosen: str) -> No
         assert "the probe says no on cpu for float32" in registry.select("demo", "cpu", "fp32").reason
     with pytest.raises(ValueError, match="must be a callable or 'module:function'"):
         two_implementations({"available": "nope"})
+
+
+def test_a_failing_availability_probe_is_a_skip_reason() -> None:
+    calls = []
+
+    def broken(device_type: str, dtype: str) -> str | None:
+        calls.append(dtype)
+        raise RuntimeError("no such op")
+
+    registry = two_implementations({"available": broken})
+    for _ in range(2):
+        selection = registry.select("demo", "cpu", "fp32")
+        assert selection.backend == "ref" and "availability check failed: RuntimeError: no such op" in selection.reason
+    assert calls == ["float32"]
 
 
 def test_available_condition_is_asked_once_per_key_and_only_when_the_rest_holds() -> None:
@@ -312,6 +328,19 @@ def test_cpu_fp32_linear_computes_enough_rows_in_fp32(dtype: str, tokens: int) -
     assert (selected == "cpu_fp32") is cpu_lacks_half_kernels(half)
 
 
+@pytest.mark.parametrize("backend", REGISTRY.backends()["linear"])
+def test_every_linear_backend_is_a_kernel_layers_can_prepare(backend: str) -> None:
+    """Layers call `prepare` then the kernel: every registered linear implementation must offer both,
+    whether or not its conditions hold here (its module may need a missing library: then skip)."""
+    implementation = next(impl for impl in REGISTRY.implementations("linear") if impl.backend == backend)
+    module, _, attribute = implementation.fn.partition(":")
+    try:
+        kernel = getattr(importlib.import_module(module), attribute)
+    except ImportError as error:
+        pytest.skip(f"{backend}: {error}")
+    assert isinstance(kernel, LinearKernel)
+
+
 def test_linear_layers_select_their_kernel_after_loading() -> None:
     """A layer computes with the reference until prepare_weights, then with the selected kernel's format."""
     bf16 = dtype_from_name("bf16")
@@ -322,3 +351,6 @@ def test_linear_layers_select_their_kernel_after_loading() -> None:
     layer.prepare_weights()
     assert type(layer.kernel) is type(REGISTRY.select("linear", "cpu", "bf16").fn)
     torch.testing.assert_close(layer(x), expected)
+    prepared = layer.weight
+    layer.prepare_weights()  # a second call keeps the prepared weight
+    assert layer.weight is prepared

@@ -26,7 +26,7 @@ STAND_INS = {
 ADAPTERS = [
     ("attention", "flash_attn", "bf16", "rapid_llm.ops.attention.flash_attn", "FLASH_ATTN_BACKEND"),
     ("attention", "flashinfer", "fp16", "rapid_llm.ops.attention.flashinfer", "FLASHINFER_BACKEND"),
-    ("linear", "deep_gemm", "bf16", "rapid_llm.ops.deep_gemm_linear", "linear"),
+    ("linear", "deep_gemm", "bf16", "rapid_llm.ops.deep_gemm_linear", "DEEP_GEMM_LINEAR"),
 ]
 
 

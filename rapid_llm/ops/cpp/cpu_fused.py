@@ -11,30 +11,26 @@ from __future__ import annotations
 import torch
 
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
+from rapid_llm.ops.tensor_rows import rows_of
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return CPU_OPS.load().rms_norm(_rows(x), weight, eps).view(x.shape)
+    return CPU_OPS.load().rms_norm(rows_of(x), weight, eps).view(x.shape)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    normed, summed = CPU_OPS.load().fused_add_rms_norm(_rows(x), _rows(residual), weight, eps)
+    normed, summed = CPU_OPS.load().fused_add_rms_norm(rows_of(x), rows_of(residual), weight, eps)
     return normed.view(x.shape), summed.view(x.shape)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return CPU_OPS.load().silu_and_mul(_rows(x)).view(*x.shape[:-1], x.shape[-1] // 2)
+    return CPU_OPS.load().silu_and_mul(rows_of(x)).view(*x.shape[:-1], x.shape[-1] // 2)
 
 
 def rotary_embedding(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,
                      rotary_dim: int, is_neox_style: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows = query.shape[0]
     rotated_query, rotated_key = CPU_OPS.load().rotary_embedding(
-        _rows(query.reshape(rows, -1)), _rows(key.reshape(rows, -1)), cos, sin, head_dim, rotary_dim, is_neox_style)
+        rows_of(query.reshape(rows, -1)), rows_of(key.reshape(rows, -1)), cos, sin, head_dim, rotary_dim, is_neox_style)
     return rotated_query.view(query.shape), rotated_key.view(key.shape)

@@ -2,13 +2,14 @@
 
 A `JitExtension` names its sources (in `csrc/`, shipped as package data) and flags. The build directory
 is `$RAPID_LLM_EXTENSION_CACHE` (default `~/.cache/rapid_llm/torch_extensions`) / `<name>-<key>`, where
-the key hashes the sources, flags, compiler, torch and Python versions and the CPU's feature flags
-(`-march=native` code must not be reused on another CPU). The first start compiles (and logs how long
-it took); later starts load the built library. `skip_reason()` is what the op registry's `available`
+the key hashes the sources and headers, flags, compiler, torch and Python versions and the CPU's feature
+flags (`-march=native` code must not be reused on another CPU). The first start compiles (and logs how
+long it took); later starts import the built library directly, without asking ninja (which would rebuild
+after a checkout touched the sources' file times). `skip_reason()` is what the op registry's `available`
 condition calls when dispatch first considers an implementation: it builds or loads (once per process,
 `functools.cache`) and turns a missing compiler or a failed build into a skip reason, never an error.
 Usage:
-    CPU_OPS = JitExtension("rapid_llm_cpu_ops", ("paged_attention.cpp",), cflags=CPU_CFLAGS)
+    CPU_OPS = JitExtension("rapid_llm_cpu_ops", ("cpu_ops.cpp", ...), cflags=CPU_CFLAGS)
     CPU_OPS.skip_reason()  # None when usable; CPU_OPS.load().paged_attention(...)
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -68,7 +70,7 @@ class JitExtension:
 
     def build_directory(self) -> Path:
         digest = hashlib.sha256()
-        for source in self.sources:
+        for source in (*self.sources, *sorted(path.name for path in SOURCE_DIR.glob("*.h"))):
             digest.update((SOURCE_DIR / source).read_bytes())
         compiler = shutil.which(os.environ.get("CXX", "c++")) or ""
         for part in (self.cflags, self.ldflags, self.cuda_cflags, compiler, torch.__version__, sys.version,
@@ -103,16 +105,31 @@ class JitExtension:
         return _skip_reason(self)
 
 
+def _import_built(library: Path) -> Any:
+    """Import a built extension module directly: its directory is keyed by the sources' contents, so a
+    library there is current, and ninja (which decides by file times) must not rebuild it after a checkout."""
+    spec = importlib.util.spec_from_file_location(library.stem, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the built extension {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def _load(extension: JitExtension) -> Any:
     from torch.utils import cpp_extension
 
     directory = extension.build_directory()
-    cached = (directory / f"{extension.name}.so").exists()
-    directory.mkdir(parents=True, exist_ok=True)
-    if not cached:
-        logger.info("compiling C++ op extension %s into %s (first start only)", extension.name, directory)
+    built = sorted(directory.glob(f"{extension.name}*.so"), key=lambda path: path.stat().st_mtime)
     start = time.perf_counter()
+    if built:
+        module = _import_built(built[-1])
+        logger.info("loaded C++ op extension %s from the cache %s in %.2f s", extension.name, directory,
+                    time.perf_counter() - start)
+        return module
+    directory.mkdir(parents=True, exist_ok=True)
+    logger.info("compiling C++ op extension %s into %s (first start only)", extension.name, directory)
     module = cpp_extension.load(
         name=extension.name,
         sources=[str(SOURCE_DIR / source) for source in extension.sources],
@@ -123,11 +140,7 @@ def _load(extension: JitExtension) -> Any:
         with_cuda=extension.is_cuda,
         verbose=False,
     )
-    elapsed = time.perf_counter() - start
-    if cached:
-        logger.info("loaded C++ op extension %s from the cache %s in %.2f s", extension.name, directory, elapsed)
-    else:
-        logger.info("compiled C++ op extension %s in %.1f s", extension.name, elapsed)
+    logger.info("compiled C++ op extension %s in %.1f s", extension.name, time.perf_counter() - start)
     return module
 
 

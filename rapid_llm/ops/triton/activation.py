@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rapid_llm.ops.triton.launch import rows_of, warps_for
+from rapid_llm.ops.tensor_rows import rows_of
+from rapid_llm.ops.triton.launch import warps_for
 
 _BLOCK = 1024
 

@@ -1,18 +1,10 @@
-"""Host-side helpers every Triton op wrapper shares: row views of inputs and warp counts.
+"""Host-side helper every Triton op wrapper shares: warp counts.
 
-Kernels address rows by a row stride and expect the last dim contiguous, so a strided view (e.g. q
-split out of a merged qkv projection) is passed without a copy.
+Kernels address rows by a row stride and expect the last dim contiguous (`ops/tensor_rows.rows_of`), so
+a strided view (e.g. q split out of a merged qkv projection) is passed without a copy.
 """
 
 from __future__ import annotations
-
-import torch
-
-
-def rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, last dim] with a unit last stride, a view whenever possible."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 def warps_for(block: int) -> int:

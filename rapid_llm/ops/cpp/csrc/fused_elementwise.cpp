@@ -4,10 +4,13 @@
 // scratch buffer, computed there and narrowed back, with plain loops the compiler vectorises (bf16 <-> fp32
 // by bit operations, e^x by a polynomial). Every intermediate is rounded to the tensor dtype exactly where
 // the reference rounds (each ATen op rounds its result), so outputs equal torch_ref's up to the order of
-// the fp32 sum of squares and e^x's last bit. Rows run in parallel (at::parallel_for).
+// the fp32 sum of squares and e^x's last bit. fp-contract is off in this file (GCC pragma below; the
+// extension is built with the C++ compiler torch's cpp_extension picks, g++ on Linux). Rows run in parallel (at::parallel_for).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+
+#include "exp_poly.h"
 
 #include <cmath>
 #include <cstring>
@@ -28,12 +31,13 @@ inline float bf16_bits_to_float(uint16_t bits) {
   return value;
 }
 
-// Round to nearest even, as c10::BFloat16 does (NaN stays NaN: its payload only grows).
+// Round to nearest even, as c10::BFloat16 does; any NaN becomes the quiet NaN (rounding could carry
+// a NaN's payload into the exponent).
 inline uint16_t float_to_bf16_bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(value != value ? 0x7FC0u : rounded);
 }
 
 // Widen n values of T to fp32, narrow fp32 to T, and round fp32 to T's precision in place.
@@ -69,26 +73,6 @@ template <>
 void round_to<c10::BFloat16>(float* values, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) values[i] = bf16_bits_to_float(float_to_bf16_bits(values[i]));
-}
-
-// e^x, vectorisable: 2^n * 2^f with |f| <= 1/2, 2^f by its degree-7 Taylor series (relative error < 1e-7).
-inline float exp_poly(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float y = x * 1.4426950408889634f;
-  const float n = std::nearbyint(y);
-  const float f = y - n;
-  float p = 1.525273380405984e-05f;
-  p = p * f + 1.5403530393381606e-04f;
-  p = p * f + 1.3333558146428443e-03f;
-  p = p * f + 9.618129107628477e-03f;
-  p = p * f + 5.550410866482158e-02f;
-  p = p * f + 2.402265069591007e-01f;
-  p = p * f + 6.931471805599453e-01f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 // Loops the dispatch lambdas below need (a pragma cannot sit inside a macro's argument).
@@ -275,7 +259,8 @@ std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const to
                   query.size(1) % head_dim == 0 && key.size(1) % head_dim == 0 && rotary_dim <= head_dim &&
                   rotary_dim % 2 == 0,
               "rotary_embedding: query/key rows must hold whole heads of head_dim >= rotary_dim (even)");
-  TORCH_CHECK(cos.dim() == 3 && cos.stride(2) == 1 && sin.strides() == cos.strides() &&
+  TORCH_CHECK(cos.dim() == 3 && cos.stride(2) == 1 && sin.sizes() == cos.sizes() &&
+                  sin.strides() == cos.strides() && cos.size(0) == query.size(0) &&
                   cos.size(2) == rotary_dim / 2 && cos.scalar_type() == query.scalar_type(),
               "rotary_embedding: cos/sin [rows, 1, rotary_dim / 2] in the query's dtype expected");
   auto rotated_query = torch::empty(query.sizes(), query.options());

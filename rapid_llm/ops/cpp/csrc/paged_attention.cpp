@@ -7,6 +7,8 @@
 // sequences are computed: the Python backend sends long prefills to a GEMM-based kernel instead.
 #include <torch/extension.h>
 
+#include "exp_poly.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -19,27 +21,6 @@ namespace {
 
 constexpr int kMinSplitKeys = 256;   // shorter splits cost more in merging than they gain in parallelism
 constexpr int kItemsPerThread = 4;   // enough items per thread for dynamic scheduling to balance
-
-// e^x for x <= 0 ranges, vectorisable (libm's expf is not without -ffast-math): e^x = 2^n * 2^f with
-// |f| <= 1/2 and 2^f from its degree-7 Taylor series (relative error < 1e-8 there).
-inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float y = x * 1.4426950408889634f;
-  const float n = std::floor(y + 0.5f);
-  const float f = y - n;
-  float p = 1.525273380405984e-05f;
-  p = p * f + 1.5403530393381606e-04f;
-  p = p * f + 1.3333558146428443e-03f;
-  p = p * f + 9.618129107628477e-03f;
-  p = p * f + 5.550410866482158e-02f;
-  p = p * f + 2.402265069591007e-01f;
-  p = p * f + 6.931471805599453e-01f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 template <typename T>
 inline void to_float(const T* src, float* dst, int n, float scale) {
@@ -103,11 +84,11 @@ void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* que
       float* s = scores + g * BS;
       float block_max = running_max[g];
       for (int64_t j = 0; j < count; ++j) block_max = std::max(block_max, s[j]);
-      const float correction = exp_approx(running_max[g] - block_max);  // 0 on the first block
+      const float correction = exp_poly(running_max[g] - block_max);  // 0 on the first block (-inf)
       float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)
       for (int64_t j = 0; j < count; ++j) {
-        s[j] = exp_approx(s[j] - block_max);
+        s[j] = exp_poly(s[j] - block_max);
         block_sum += s[j];
       }
       running_sum[g] = running_sum[g] * correction + block_sum;
