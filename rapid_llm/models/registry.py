@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     import torch
 
 _MODELS: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
