@@ -28,7 +28,8 @@ from rapid_llm.models import resolve_model_class
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Floating-point tensors created inside default to `dtype` (the model dtype) unless they name another."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -70,7 +71,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
 def load_model(model_config: ModelConfig, device: torch.device) -> nn.Module:
     """Build the checkpoint's architecture on `device` in the model dtype and load its weights."""
     model_class = resolve_model_class(model_config.architecture)
-    with torch.device(device), _default_dtype(model_config.dtype):
+    with torch.device(device), default_dtype(model_config.dtype):
         model = model_class(model_config.hf_config)
     load_weights(model, Path(model_config.model))
     for module in model.modules():

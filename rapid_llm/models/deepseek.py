@@ -1,4 +1,4 @@
-"""DeepSeek-V2 and V3: the Llama decoder block with multi-head latent attention (MLA) and dense MLPs.
+"""DeepSeek-V2 and V3: the Llama decoder block with multi-head latent attention (MLA).
 
 MLA compresses K/V into one latent per token (`kv_a_proj_with_mqa` -> kv_a_layernorm), which is all the
 paged cache keeps (plus the rotated rope key shared by all heads); `kv_b_proj` turns latents back into
@@ -7,8 +7,8 @@ per-head nope-keys and values inside the `mla_attention` backend. The query is l
 the last `qk_rope_head_dim` dims of q/k are rotated: interleaved pairs (V2 always, V3 with
 `rope_interleave`), else neox. YaRN's mscale multiplies the cos/sin table and, squared with
 `mscale_all_dim`, the softmax scale, as transformers does. Layers from `first_k_dense_replace` on are
-mixture-of-experts layers in these checkpoints; that block is not built here yet, so such a layer is a
-NotImplementedError naming what is missing.
+mixture-of-experts layers (`SparseMoeBlock.deepseek`: routed experts plus shared experts) with V2's
+softmax router ("greedy" / "group_limited_greedy") or V3's sigmoid one with e_score_correction_bias.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear
 from rapid_llm.layers.mla_attention import MLAAttention
+from rapid_llm.layers.moe import RouterConfig, SparseMoeBlock
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope, yarn_mscale
-from rapid_llm.models.llama import LlamaForCausalLM, LlamaMLP
-from rapid_llm.models.weight_mapping import GATE_UP_STACKED_PARAMS
+from rapid_llm.models.llama import LlamaForCausalLM, LlamaMLP, require_silu
+from rapid_llm.models.weight_mapping import GATE_UP_STACKED_PARAMS, expert_stacked_params
 from rapid_llm.ops.attention import MLADims
 
 
@@ -95,7 +96,10 @@ class DeepseekMLA(nn.Module):
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
-    stacked_params = GATE_UP_STACKED_PARAMS
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__(config)
+        # Routed experts' matrices stack into w13/w2; dense and shared-expert MLPs stack gate/up.
+        self.stacked_params = expert_stacked_params(config.n_routed_experts) + GATE_UP_STACKED_PARAMS
 
     @staticmethod
     def make_rope(config: PretrainedConfig) -> RotaryEmbedding:
@@ -108,18 +112,20 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         return DeepseekMLA(config, rotary_emb)
 
     @staticmethod
-    def make_mlp(config: PretrainedConfig, layer_id: int) -> nn.Module:
+    def router(config: PretrainedConfig) -> RouterConfig:
+        return RouterConfig.deepseek_v2(config)
+
+    @classmethod
+    def make_mlp(cls, config: PretrainedConfig, layer_id: int) -> nn.Module:
         if layer_id < config.first_k_dense_replace:
             return LlamaMLP(config)
-        raise NotImplementedError(
-            f"layer {layer_id} of this DeepSeek checkpoint is a mixture-of-experts layer (layers from "
-            f"first_k_dense_replace={config.first_k_dense_replace} on); the DeepSeek MoE block (routed experts "
-            "with the softmax/sigmoid group-limited top-k router, e_score_correction_bias, routed_scaling_factor "
-            "and shared experts) is not built yet, so only checkpoints whose layers are all dense "
-            "(first_k_dense_replace >= num_hidden_layers) can be served"
-        )
+        require_silu(config)
+        return SparseMoeBlock.deepseek(config, cls.router(config))
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
-    """V3's attention is V2's plus the `rope_interleave` switch; its differences (the sigmoid router with
-    e_score_correction_bias) are in the MoE layers."""
+    """V2 plus the `rope_interleave` switch (read by make_rope) and the sigmoid "noaux_tc" router."""
+
+    @staticmethod
+    def router(config: PretrainedConfig) -> RouterConfig:
+        return RouterConfig.deepseek_v3(config)

@@ -16,12 +16,12 @@ from transformers import PretrainedConfig
 
 from rapid_llm.config.model_config import attention_head_dim, attention_kv_heads
 from rapid_llm.distributed import get_tp_size
-from rapid_llm.layers.activation import SiluAndMul
 from rapid_llm.layers.attention import Attention
 from rapid_llm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.layernorm import RMSNorm
-from rapid_llm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from rapid_llm.layers.linear import QKVParallelLinear, RowParallelLinear
+from rapid_llm.layers.mlp import GatedMLP
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope
 from rapid_llm.models.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam
 
@@ -69,17 +69,10 @@ def require_silu(config: PretrainedConfig) -> None:
         raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; Llama-family models use 'silu'")
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(GatedMLP):
     def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__()
         require_silu(config)
-        bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
-        self.act_fn = SiluAndMul()
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        super().__init__(config.hidden_size, config.intermediate_size, bias=getattr(config, "mlp_bias", False))
 
 
 class LlamaDecoderLayer(nn.Module):

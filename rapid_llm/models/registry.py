@@ -17,7 +17,9 @@ _MODELS: dict[str, str] = {
     "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
+    "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
     "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "rapid_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
 }

@@ -1,9 +1,11 @@
 """Checkpoint-name -> parameter-name mapping, declared per model in one place.
 
 A model lists which checkpoint matrices it stacks into one parameter (q/k/v into qkv_proj,
-gate/up into gate_up_proj, every expert's gate/up/down into [E, ...] tensors) as `StackedParam`s;
-everything else maps by identical name. Names match as dotted runs of path components; in a
-checkpoint pattern `{e}` stands for an expert's index, which becomes part of the shard id.
+gate/up into gate_up_proj, every expert's gate/up/down into [E, ...] tensors) as `StackedParam`s,
+and modules its checkpoint names differently as entries without a shard (Mixtral's
+block_sparse_moe.gate -> mlp.gate); everything else maps by identical name. Names match as dotted runs
+of path components; in a checkpoint pattern `{e}` stands for an expert's index, which becomes part of
+the shard id.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ ShardId = str | int | tuple[int, str | int]
 class StackedParam(NamedTuple):
     param: str  # module name in the model, e.g. "qkv_proj" or "experts.w13_weight"
     checkpoint: str  # module name in the checkpoint, e.g. "q_proj" or "experts.{e}.gate_proj.weight"
-    shard_id: str | int  # which slice of the stacked parameter it fills ((expert, shard_id) for {e} patterns)
+    # which slice of the stacked parameter it fills ((expert, shard_id) for {e} patterns); None: a rename only
+    shard_id: str | int | None
     num_experts: int = 0  # how many experts an {e} pattern covers
 
 
@@ -34,12 +37,18 @@ LLAMA_STACKED_PARAMS: tuple[StackedParam, ...] = (
 ) + GATE_UP_STACKED_PARAMS
 
 
-def expert_stacked_params(num_experts: int) -> tuple[StackedParam, ...]:
-    """Per-expert checkpoint matrices stacked into a fused-MoE layer's w13 ([gate | up]) and w2 (down).
-    Listed before LLAMA_STACKED_PARAMS so `experts.{e}.gate_proj` is not taken for a dense gate_proj."""
-    return tuple(StackedParam(f"experts.{param}", f"experts.{EXPERT}.{proj}.weight", shard, num_experts)
-                 for param, proj, shard in (("w13_weight", "gate_proj", "gate"), ("w13_weight", "up_proj", "up"),
-                                            ("w2_weight", "down_proj", "down")))
+def expert_stacked_params(num_experts: int, checkpoint_module: str = "experts", param_module: str = "experts",
+                          projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                          ) -> tuple[StackedParam, ...]:
+    """Per-expert checkpoint matrices `{checkpoint_module}.{e}.{gate|up|down}.weight` stacked into a fused-MoE
+    layer's `{param_module}.w13_weight` ([gate | up]) and `.w2_weight` (down); Mixtral names them
+    block_sparse_moe.experts.{e}.w1/w3/w2. Listed before LLAMA_STACKED_PARAMS so `experts.{e}.gate_proj` is
+    not taken for a dense gate_proj."""
+    gate, up, down = projections
+    return tuple(StackedParam(f"{param_module}.{param}", f"{checkpoint_module}.{EXPERT}.{proj}.weight", shard,
+                              num_experts)
+                 for param, proj, shard in (("w13_weight", gate, "gate"), ("w13_weight", up, "up"),
+                                            ("w2_weight", down, "down")))
 
 
 # Non-parameter tensors some older checkpoints carry; they are recomputed, never loaded.

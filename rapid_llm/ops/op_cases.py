@@ -162,11 +162,14 @@ def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
 
 
 def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    """Tokens routed as a renormalised softmax top-k router routes them (distinct experts per token)."""
+    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
     e, h, i = shape.num_experts, shape.hidden_size, shape.moe_intermediate_size
-    args = (inputs.randn(t, h), inputs.randn(t, e), inputs.randn(e, 2 * i, h, scale=h**-0.5),
-            inputs.randn(e, h, i, scale=i**-0.5), shape.experts_per_token, True)
-    return OpInputs(args, f"[{t}, {h}] {e} experts top-{shape.experts_per_token} inter {i}")
+    top_logits, topk_ids = inputs.randn(t, e, dtype=torch.float32).topk(k, dim=-1)
+    topk_weights = top_logits.softmax(dim=-1).to(config.dtype)
+    args = (inputs.randn(t, h), topk_weights, topk_ids, inputs.randn(e, 2 * i, h, scale=h**-0.5),
+            inputs.randn(e, h, i, scale=i**-0.5))
+    return OpInputs(args, f"[{t}, {h}] {e} experts top-{k} inter {i}")
 
 
 # Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one

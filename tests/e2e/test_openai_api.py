@@ -11,6 +11,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from rapid_llm.ops.registry import REGISTRY
+
 from tests.e2e.conftest import API_KEY, SERVER_MAX_MODEL_LEN
 
 PROMPT = "The server reads a request and"
@@ -153,7 +155,9 @@ def test_models_health_version(server) -> None:
     assert info["kv_cache_tokens"] == 256 * info["block_size"] and info["kv_cache_bytes"] > 0
     assert info["dtype"] == "float32" and info["device"] in ("cpu", "cuda")
     assert info["max_model_len"] == SERVER_MAX_MODEL_LEN and info["async_scheduling"] is True
-    assert info["ops"]["attention"]["backend"] == "torch_ref" and info["ops"]["rms_norm"]["reason"]
+    # The server is this machine's CPU process in fp32: its choice is what this process's registry selects.
+    expected = REGISTRY.select("attention", "cpu", "float32").backend
+    assert info["ops"]["attention"]["backend"] == expected and info["ops"]["rms_norm"]["reason"]
 
 
 def test_the_http_process_never_loads_torch(server) -> None:

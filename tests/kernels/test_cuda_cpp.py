@@ -10,13 +10,13 @@ from rapid_llm import ops
 from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.ops.activation import silu_and_mul as reference
 from rapid_llm.ops.cpp import cuda_activation
-from rapid_llm.ops.registry import REGISTRY
+from rapid_llm.ops.registry import REGISTRY, NoImplementationError
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
 def test_skipped_without_a_cuda_device_and_not_compiled() -> None:
-    selection = REGISTRY.select("silu_and_mul", "cpu", "bf16")
-    assert selection.backend == "torch_ref" and "skipped cuda_cpp: needs device cuda" in selection.reason
+    with pytest.raises(NoImplementationError, match="cuda_cpp .*needs device cuda, the call is on cpu"):
+        REGISTRY.implementation("silu_and_mul", "cuda_cpp", "cpu", "bf16")
     assert cuda_activation.skip_reason("cuda", "float32") is not None
     assert not cuda_activation.CUDA_OPS.build_directory().exists()
 

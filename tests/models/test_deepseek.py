@@ -1,6 +1,6 @@
-"""DeepSeek-V2/V3 (MLA) beyond the shared parity matrix (test_hf_parity runs the default tiny configs): the
-query LoRA and rope variants, YaRN's mscale, the latent cache, prefix-cache sharing of latent blocks and the
-refusal of MoE layers. Every config here is all-dense (first_k_dense_replace >= num_hidden_layers)."""
+"""DeepSeek-V2/V3 (MLA) beyond the shared parity matrix (test_hf_parity runs the default tiny configs, which are
+all dense so MLA is checked alone): the query LoRA and rope variants, YaRN's mscale, MoE layers with each
+router, the latent cache, prefix-cache sharing of latent blocks and the expanded reference backend."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.layers.mla_attention import MLAAttention
-from rapid_llm.models.deepseek import DeepseekV3ForCausalLM
 from rapid_llm.ops.attention.mla_absorbed import MLA_ABSORBED_BACKEND
 from rapid_llm.ops.attention.mla_torch_ref import MLA_TORCH_REF_BACKEND
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.utils.tiny_checkpoint import tiny_config
 from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
 from tests.hf_reference import hf_greedy, hf_logits, hf_model
 from tests.models.paged_generation import generate, prefill_logits
@@ -22,6 +20,8 @@ from tests.models.test_hf_parity import NEW_TOKENS, _prompts, _runner
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
         "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}
+# MoE from the second of three layers: a dense layer, then DeepSeek's sparse block (routed + shared experts).
+MOE = {"num_hidden_layers": 3, "first_k_dense_replace": 1}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
 
 
@@ -31,7 +31,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_T
     (V3, {"rope_parameters": YARN}),
     (V2, {"rope_parameters": YARN, "attention_bias": True}),
     (V3, {"num_hidden_layers": 3, "first_k_dense_replace": 3}),
-], ids=["v2-q-lora", "v3-neox-rope", "v3-yarn-mscale", "v2-yarn-bias", "v3-three-layers"])
+    (V2, MOE),
+    (V2, {**MOE, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5}),
+    (V3, MOE),
+    (V3, {**MOE, "norm_topk_prob": False, "routed_scaling_factor": 2.5, "n_shared_experts": 2}),
+], ids=["v2-q-lora", "v3-neox-rope", "v3-yarn-mscale", "v2-yarn-bias", "v3-three-layers", "v2-moe-greedy",
+        "v2-moe-group-limited", "v3-moe-noaux-tc", "v3-moe-unnormalised"])
 def test_variants_match_transformers(tiny_checkpoint, architecture: str, overrides: dict) -> None:
     checkpoint = tiny_checkpoint(architecture, **overrides)
     runner = _runner(checkpoint, block_size=5)
@@ -101,12 +106,6 @@ def test_a_request_reuses_another_requests_latent_blocks(tiny_checkpoint) -> Non
     first_blocks: list[int] = []
     assert _greedy(runner, 0, first, first_blocks, 0, free) == hf_greedy(hf, [first], NEW_TOKENS)[0]
     assert _greedy(runner, 1, second, first_blocks[:4], 16, free) == hf_greedy(hf, [second], NEW_TOKENS)[0]
-
-
-def test_moe_layers_are_refused_with_what_is_missing() -> None:
-    config = tiny_config(V3, first_k_dense_replace=1)
-    with pytest.raises(NotImplementedError, match=r"layer 1 .* mixture-of-experts layer .*not built yet"):
-        DeepseekV3ForCausalLM(config)
 
 
 def test_the_expanded_reference_backend_matches_too(tiny_checkpoint) -> None:

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rapid_llm.config import ModelConfig
-from rapid_llm.layers.moe import FusedExperts
+from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.model_loader import load_model
 from rapid_llm.models.weight_mapping import (
     LLAMA_STACKED_PARAMS,
@@ -17,10 +17,7 @@ from rapid_llm.models.weight_mapping import (
     expert_stacked_params,
     map_checkpoint_name,
 )
-from rapid_llm.sampling import SamplingParams
-from tests.hf_reference import hf_greedy, hf_logits, hf_model
-from tests.models.paged_generation import generate, prefill_logits
-from tests.models.test_hf_parity import NEW_TOKENS, _prompts, _runner
+from tests.models.moe_parity import assert_matches_transformers
 
 ARCH = "Qwen3MoeForCausalLM"
 STACKED = expert_stacked_params(4) + LLAMA_STACKED_PARAMS
@@ -29,15 +26,7 @@ STACKED = expert_stacked_params(4) + LLAMA_STACKED_PARAMS
 @pytest.mark.parametrize("overrides", [{"norm_topk_prob": False, "mlp_only_layers": [], "decoder_sparse_step": 2},
                                        {"num_experts_per_tok": 3, "mlp_only_layers": [0]}])
 def test_routing_and_layer_variants_match_transformers(tiny_checkpoint, overrides: dict) -> None:
-    checkpoint = tiny_checkpoint(ARCH, **overrides)
-    runner = _runner(checkpoint, block_size=5)
-    hf = hf_model(checkpoint, torch.float32)
-    prompts = _prompts(runner.model_config.vocab_size, lengths=(9, 23), seed=5)
-    for ours, prompt in zip(prefill_logits(runner, prompts), prompts):
-        assert (ours - hf_logits(hf, prompt)).abs().max().item() <= 1e-3
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-    sequences = generate(runner, prompts, params, chunk_size=8, stagger=2)
-    assert [s.output for s in sequences] == hf_greedy(hf, prompts, NEW_TOKENS)
+    assert_matches_transformers(tiny_checkpoint(ARCH, **overrides))
 
 
 @pytest.mark.parametrize(
@@ -73,6 +62,6 @@ def test_a_missing_expert_matrix_is_named(tiny_checkpoint, tmp_path) -> None:
 
 
 def test_tensor_parallel_moe_is_refused(monkeypatch) -> None:
-    monkeypatch.setattr("rapid_llm.layers.moe.get_tp_size", lambda: 2)
+    monkeypatch.setattr("rapid_llm.layers.moe.experts.get_tp_size", lambda: 2)
     with pytest.raises(NotImplementedError, match="expert/tensor parallel MoE is not built yet"):
-        FusedExperts(4, 16, 8, 2, True)
+        FusedExperts(4, 16, 8)

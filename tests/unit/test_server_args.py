@@ -13,6 +13,7 @@ import pytest
 
 from rapid_llm.config.checkpoint_dir import check_model_dir, check_tokenizer_dir
 from rapid_llm.entrypoints.http_server import bind_listening_socket
+from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.server_args import ServerArgs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -57,13 +58,14 @@ def test_an_unsupported_architecture_names_it_and_the_supported_list(tiny_checkp
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
     with pytest.raises(ValueError, match="'LlamaForSequenceClassification' is not supported.*Supported "
-                                         "architectures: LlamaForCausalLM, "):
+                                         "architectures: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, LlamaForCausalLM, "):
         ServerArgs(model=str(directory)).engine_config(str(directory))
 
 
 def test_an_unknown_attention_backend_is_refused(tiny_checkpoint) -> None:
-    with pytest.raises(ValueError, match="^--attention-backend: op 'attention' has no backend 'flash'; "
-                                         "its backends: torch_ref$"):
+    backends = ", ".join(REGISTRY.backends()["attention"])
+    with pytest.raises(ValueError, match=f"^--attention-backend: op 'attention' has no backend 'flash'; "
+                                         f"its backends: {backends}$"):
         ServerArgs(attention_backend="flash").engine_config(str(tiny_checkpoint()))
 
 

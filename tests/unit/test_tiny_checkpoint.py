@@ -21,6 +21,10 @@ from rapid_llm.utils.tiny_checkpoint import (
 )
 
 UNICODE_TEXT = "Hello,  world!\n\tdef f(x): return x ** 2  # café, naïve 日本語のテキスト русский 🦙🚀 e\u0301 \u200b"
+# One per-expert matrix each MoE checkpoint holds under the Hub's name.
+EXPERT_MATRIX_NAMES = {"Qwen3MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
+                       "Qwen2MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
+                       "MixtralForCausalLM": "model.layers.0.block_sparse_moe.experts.3.w2.weight"}
 PROMPT_IDS = torch.tensor([[BOS_TOKEN_ID, 40, 41, 300, 301, 7, 8, 9, 450, 10]])
 
 
@@ -47,10 +51,10 @@ def test_checkpoint_reloads_with_the_same_logits(tmp_path, architecture):
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out_dir)
     saved = load_file(out_dir / "model.safetensors")
     state = loaded.state_dict()
-    if architecture == "Qwen3MoeForCausalLM":
+    if architecture in EXPERT_MATRIX_NAMES:
         # The file keeps the Hub's per-expert matrices, which transformers stacks when it loads them.
         assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in state.values())
-        assert "model.layers.0.mlp.experts.3.down_proj.weight" in saved
+        assert EXPERT_MATRIX_NAMES[architecture] in saved
     else:
         assert saved.keys() == state.keys()
     for name in saved.keys() & state.keys():

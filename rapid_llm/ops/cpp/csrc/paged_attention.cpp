@@ -47,19 +47,6 @@ inline void to_float(const T* src, float* dst, int n, float scale) {
   for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
 }
 
-// bf16 is the top half of an fp32: widening is a shift, which vectorises (c10's conversion does not).
-template <>
-inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n, float scale) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-#pragma omp simd
-  for (int i = 0; i < n; ++i) {
-    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof(value));
-    dst[i] = value * scale;
-  }
-}
-
 inline float dot(const float* a, const float* b, int n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

@@ -1,0 +1,50 @@
+"""Routed experts: every expert's SwiGLU MLP stacked into two tensors, computed by `ops.fused_moe`.
+
+The checkpoint's per-expert matrices are stacked once at load into w13 [E, 2I, H] (each expert's gate then
+up rows, so one GEMM per expert serves both) and w2 [E, H, I]; the loader's shard id is (expert,
+"gate" | "up" | "down"), whatever the checkpoint calls them (see `expert_stacked_params`). Routing happens
+before (router.py), so the op only gathers, computes and sums. Expert and tensor parallelism are not
+built: the layer refuses tp > 1.
+Usage: `FusedExperts(num_experts, hidden, intermediate)(x [T, H], weights [T, k], expert_ids [T, k])`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rapid_llm import ops
+from rapid_llm.distributed import get_tp_size
+from rapid_llm.layers.weight_utils import copy_weight
+
+_SHARDS = ("gate", "up", "down")
+
+
+class FusedExperts(nn.Module):
+    """w13_weight [E, 2I, H] = [gate | up] and w2_weight [E, H, I] of all experts."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        if get_tp_size() > 1:
+            raise NotImplementedError("expert/tensor parallel MoE is not built yet: serve MoE models with --tp 1")
+        self.intermediate_size = intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if not (isinstance(shard_id, tuple) and len(shard_id) == 2 and isinstance(shard_id[0], int)
+                and 0 <= shard_id[0] < param.shape[0] and shard_id[1] in _SHARDS):
+            raise ValueError(f"expert shard_id must be (expert in [0, {param.shape[0]}), one of {_SHARDS}), "
+                             f"got {shard_id!r}")
+        expert, shard = shard_id
+        target = param.data[expert]
+        if shard != "down":
+            rows = self.intermediate_size
+            target = target.narrow(0, 0 if shard == "gate" else rows, rows)
+        copy_weight(target, loaded)
+
+    def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+        return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight)
