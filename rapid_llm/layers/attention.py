@@ -1,19 +1,57 @@
-"""The attention layer models use: reshapes heads and delegates to the bound backend.
+"""The attention layers models use: they declare their KV-cache spec and delegate to the bound backend.
 
-The worker binds each layer to its KV-cache tensor and the attention backend the op registry
-selected (the "attention" op) after the model is built, so model code never sees cache layout or backend choice and the batch metadata is
-passed in as an argument (no global forward context).
+`PagedAttentionLayer` is what the worker looks for: each one names the op whose backend computes it
+("attention", or "mla_attention" for `MLAAttention`) and declares what it caches per token. After the
+model is built the worker allocates each layer's paged tensor from its spec and binds it together with
+the backend the op registry selected, so model code never sees cache layout or backend choice and the
+batch metadata is passed in as an argument (no global forward context).
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import nn
 
 from rapid_llm.ops.attention import AttentionBackend, AttentionMetadata
+from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec
 
 
-class Attention(nn.Module):
+class PagedAttentionLayer(nn.Module, ABC):
+    attention_op: ClassVar[str]  # the registry op whose backend this layer is bound to
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv_cache: torch.Tensor | None = None
+        self.backend: Any = None
+
+    @abstractmethod
+    def kv_cache_spec(self, dtype: torch.dtype) -> KVCacheSpec:
+        """What this layer caches per token, in the cache dtype."""
+
+    def bind(self, kv_cache: torch.Tensor, backend: Any) -> None:
+        self.kv_cache = kv_cache
+        self.backend = backend
+
+    def bound(self) -> tuple[torch.Tensor, Any]:
+        if self.kv_cache is None or self.backend is None:
+            raise RuntimeError("attention layer used before the worker bound it to a KV cache and backend")
+        return self.kv_cache, self.backend
+
+
+def attention_op_of(layers: Sequence[PagedAttentionLayer]) -> str:
+    """The one attention op a model's layers use (its backend builds the step's metadata for all of them)."""
+    ops = sorted({layer.attention_op for layer in layers})
+    if len(ops) != 1:
+        raise ValueError(f"a model's attention layers must all use one attention op, found {ops or 'none'}")
+    return ops[0]
+
+
+class Attention(PagedAttentionLayer):
+    attention_op = "attention"
+
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
     ) -> None:
@@ -23,23 +61,20 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
-        self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 
-    def bind(self, kv_cache: torch.Tensor, backend: AttentionBackend) -> None:
-        self.kv_cache = kv_cache
-        self.backend = backend
+    def kv_cache_spec(self, dtype: torch.dtype) -> FullAttentionSpec:
+        return FullAttentionSpec(dtype, self.num_kv_heads, self.head_dim, self.sliding_window)
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        if self.kv_cache is None or self.backend is None:
-            raise RuntimeError("attention layer used before the worker bound it to a KV cache and backend")
-        output = self.backend.forward(
+        kv_cache, backend = self.bound()
+        output = backend.forward(
             query.view(-1, self.num_heads, self.head_dim),
             key.view(-1, self.num_kv_heads, self.head_dim),
             value.view(-1, self.num_kv_heads, self.head_dim),
-            self.kv_cache,
+            kv_cache,
             metadata,
             self.scale,
             self.sliding_window,

@@ -39,7 +39,8 @@ def _llama3_inv_freq(params: dict[str, Any], dim: int, device: torch.device | No
     return torch.where(wavelen < old_len / high, inv_freq, scaled)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention-magnitude factor for a context stretched `scale` times (DeepSeek also scales softmax by it)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -51,9 +52,9 @@ def _yarn_inv_freq(params: dict[str, Any], dim: int, device: torch.device | None
     if attention_factor is None:
         mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
         if mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = _yarn_mscale(factor)
+            attention_factor = yarn_mscale(factor)
 
     def correction_dim(num_rotations: float) -> float:
         # The rotary dimension whose wavelength completes `num_rotations` turns over the original length.

@@ -2,7 +2,8 @@
 
 Family members differ only in switches: biases on the projections and per-head q/k RMSNorm.
 They subclass `LlamaForCausalLM` and set those switches, so each family file stays a few lines;
-a model with another MLP per layer (MoE) overrides `make_mlp`.
+a model with another MLP per layer (MoE) overrides `make_mlp`, one with another attention (MLA)
+`make_rope` and `make_attention`.
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ class LlamaMLP(GatedMLP):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding, mlp: nn.Module,
-                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    """Pre-norm residual block around an attention module, called (hidden_states, batch), and an MLP."""
+
+    def __init__(self, config: PretrainedConfig, self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm)
+        self.self_attn = self_attn
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -96,15 +98,17 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+MakeAttention = Callable[[PretrainedConfig, int, RotaryEmbedding], nn.Module]
+MakeMLP = Callable[[PretrainedConfig, int], nn.Module]
+
+
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, make_mlp: Callable[[PretrainedConfig, int], nn.Module],
-                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, make_attention: MakeAttention,
+                 make_mlp: MakeMLP) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        # One cos/sin table for all layers: it can be tens of MiB at long context.
-        rotary_emb = get_rope(config, attention_head_dim(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, make_mlp(config, i), qkv_bias, o_bias, qk_norm)
+            LlamaDecoderLayer(config, make_attention(config, i, rotary_emb), make_mlp(config, i))
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -118,6 +122,9 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """Family members override `attention_options` (switches), `make_mlp` (MoE), or `make_rope` and
+    `make_attention` (another attention, e.g. DeepSeek's MLA)."""
+
     stacked_params: tuple[StackedParam, ...] = LLAMA_STACKED_PARAMS
 
     def __init__(self, config: PretrainedConfig) -> None:
@@ -125,7 +132,8 @@ class LlamaForCausalLM(nn.Module):
         if get_tp_size() > 1 and config.vocab_size % get_tp_size():
             raise ValueError("vocab_size must divide evenly over tensor-parallel ranks")
         self.config = config
-        self.model = LlamaModel(config, self.make_mlp, **self.attention_options(config))
+        # One cos/sin table for all layers: it can be tens of MiB at long context.
+        self.model = LlamaModel(config, self.make_rope(config), self.make_attention, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -134,6 +142,14 @@ class LlamaForCausalLM(nn.Module):
     def attention_options(config: PretrainedConfig) -> dict[str, bool]:
         bias = getattr(config, "attention_bias", False)
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
+
+    @staticmethod
+    def make_rope(config: PretrainedConfig) -> RotaryEmbedding:
+        return get_rope(config, attention_head_dim(config))
+
+    @classmethod
+    def make_attention(cls, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+        return LlamaAttention(config, layer_id, rotary_emb, **cls.attention_options(config))
 
     @staticmethod
     def make_mlp(config: PretrainedConfig, layer_id: int) -> nn.Module:

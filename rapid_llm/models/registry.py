@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     import torch
 
 _MODELS: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",

@@ -24,13 +24,17 @@ class StackedParam(NamedTuple):
     num_experts: int = 0  # how many experts an {e} pattern covers
 
 
+GATE_UP_STACKED_PARAMS: tuple[StackedParam, ...] = (
+    StackedParam("gate_up_proj", "gate_proj", 0),
+    StackedParam("gate_up_proj", "up_proj", 1),
+)
+# DeepSeek's MLA keeps its projections as they are named (its plain `q_proj` must not be stacked), so its
+# models stack only the MLP's gate/up.
 LLAMA_STACKED_PARAMS: tuple[StackedParam, ...] = (
     StackedParam("qkv_proj", "q_proj", "q"),
     StackedParam("qkv_proj", "k_proj", "k"),
     StackedParam("qkv_proj", "v_proj", "v"),
-    StackedParam("gate_up_proj", "gate_proj", 0),
-    StackedParam("gate_up_proj", "up_proj", 1),
-)
+) + GATE_UP_STACKED_PARAMS
 
 
 def expert_stacked_params(num_experts: int, checkpoint_module: str = "experts", param_module: str = "experts",

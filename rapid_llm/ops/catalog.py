@@ -36,6 +36,12 @@ register_op(name="top_k_top_p_filter", backend="torch_topk", fn="rapid_llm.ops.t
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
+# MLA (DeepSeek-V2/V3) caches one latent per token: its implementations are MLABackends
+# (rapid_llm/ops/attention/mla_backend.py), selected once like attention's. A model uses one of the two ops.
+# torch_absorbed folds kv_b_proj into the decode queries (no expansion of the history) and is the default.
+register_op(name="mla_attention", backend=REFERENCE, fn="rapid_llm.ops.attention.mla_torch_ref:MLA_TORCH_REF_BACKEND")
+register_op(name="mla_attention", backend="torch_absorbed",
+            fn="rapid_llm.ops.attention.mla_absorbed:MLA_ABSORBED_BACKEND", priority=10)
 
 # Triton kernels (rapid_llm/ops/triton/): the default on CUDA when triton is installed, above torch_ref.
 # Elsewhere their device condition fails before anything is imported, so a CPU server never loads triton.
@@ -66,8 +72,8 @@ register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_
             priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
                                      "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
 # Optional libraries, as thin adapters onto their public APIs (untested without the library and a GPU):
-# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here:
-# it computes MLA (V is a prefix of the shared latent K cache), which needs an MLA op and model (issue 12).
+# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here yet:
+# it would be an `mla_attention` backend (V is a prefix of the shared latent K cache), weight-absorbed.
 register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.flash_attn:FLASH_ATTN_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
 register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",

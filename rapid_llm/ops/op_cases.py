@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from rapid_llm.ops.attention.backend import StepLayout
+from rapid_llm.ops.attention.mla_backend import MLADims
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,14 @@ class ModelShape:
     experts_per_token: int = 2
     moe_intermediate_size: int = 256
     block_size: int = 16
+    kv_lora_rank: int = 128  # MLA latent width (DeepSeek-V2-Lite: 512)
+    qk_rope_head_dim: int = 32
 
 
 SHAPES: dict[str, ModelShape] = {
     # Odd widths (intermediate 88, vocab 1000) so no implementation gets only powers of two.
-    "tiny": ModelShape(64, 4, 2, 16, 88, 1000, num_experts=4, moe_intermediate_size=24),
+    "tiny": ModelShape(64, 4, 2, 16, 88, 1000, num_experts=4, moe_intermediate_size=24, kv_lora_rank=32,
+                       qk_rope_head_dim=8),
     # benchmarks/peers/compare_cpu.sh's models, with a Llama-2 vocabulary.
     "llama-10m": ModelShape(256, 8, 4, 32, 1024, 32000),
     "llama-100m": ModelShape(768, 12, 4, 64, 2560, 32000),
@@ -190,10 +194,11 @@ def _top_k_top_p_filter(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{rows}, {vocab_size}]")
 
 
-def _attention(config: CaseConfig, variant: str) -> OpInputs:
+def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
     """A decode batch (one new token per sequence, each after context_len minus a few cached tokens) or a
-    prefill batch (a chunk after context_len cached tokens, plus a fresh prompt), over shuffled blocks."""
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    prefill batch (a chunk after context_len cached tokens, plus a fresh prompt), over shuffled blocks;
+    returns the layout and the cache's block count."""
+    config, shape, t = inputs.config, inputs.config.shape, inputs.config.num_tokens
     if variant == "decode":
         cached = [max(config.context_len - row * 5 % shape.block_size, 0) for row in range(t)]  # unaligned
         query_lens = [1] * t
@@ -204,19 +209,45 @@ def _attention(config: CaseConfig, variant: str) -> OpInputs:
     num_blocks = sum(blocks_per_seq) + 1  # one the step never touches
     free = inputs.randperm(num_blocks).tolist()
     tables = [[free.pop() for _ in range(n)] for n in blocks_per_seq]
-    layout = StepLayout(query_lens, seq_lens, tables, shape.block_size)
+    return StepLayout(query_lens, seq_lens, tables, shape.block_size), num_blocks
+
+
+def _layout_label(layout: StepLayout) -> str:
+    return f"{len(layout.seq_lens)} seqs, {layout.num_tokens} new tokens, up to {max(layout.seq_lens)} keys"
+
+
+def _attention(config: CaseConfig, variant: str) -> OpInputs:
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    layout, num_blocks = _paged_layout(inputs, variant)
     # Random history everywhere, also in slots past each sequence's length, which a backend must not read.
     cache = inputs.randn(2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
     query = inputs.randn(t, shape.num_heads, shape.head_dim)
     key, value = (inputs.randn(t, shape.num_kv_heads, shape.head_dim) for _ in range(2))
-    label = f"{len(seq_lens)} seqs, {t} new tokens, up to {max(seq_lens)} keys"
-    return OpInputs((layout, query, key, value, cache, shape.head_dim**-0.5, None), label)
+    return OpInputs((layout, query, key, value, cache, shape.head_dim**-0.5, None), _layout_label(layout))
 
 
 def _attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
     layout, query, key, value, cache, scale, sliding_window = args
     return backend.forward(query, key, value, cache, backend.build_metadata(layout, query.device), scale,
                            sliding_window)
+
+
+def _mla_attention(config: CaseConfig, variant: str) -> OpInputs:
+    """The attention batches over a latent cache; nope and value heads are head_dim wide."""
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    layout, num_blocks = _paged_layout(inputs, variant)
+    dims = MLADims(shape.kv_lora_rank, shape.head_dim, shape.qk_rope_head_dim, shape.head_dim)
+    cache = inputs.randn(num_blocks, shape.block_size, dims.latent_dim)
+    query = inputs.randn(t, shape.num_heads, dims.qk_head_dim)
+    latent = inputs.randn(t, dims.latent_dim)
+    kv_b_weight = inputs.randn(shape.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank,
+                               scale=dims.kv_lora_rank**-0.5)
+    return OpInputs((layout, query, latent, cache, kv_b_weight, dims, dims.qk_head_dim**-0.5), _layout_label(layout))
+
+
+def _mla_attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    layout, query, latent, cache, kv_b_weight, dims, scale = args
+    return backend.forward(query, latent, cache, kv_b_weight, dims, backend.build_metadata(layout, query.device), scale)
 
 
 OP_CASES: dict[str, OpCase] = {
@@ -230,4 +261,5 @@ OP_CASES: dict[str, OpCase] = {
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
                                  why_dtypes="the sampler filters float32 logits", exact=True),
     "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),
+    "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
 }

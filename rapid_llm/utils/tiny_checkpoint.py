@@ -23,7 +23,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                           "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM",
+                           "DeepseekV3ForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -53,6 +54,8 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
     "MixtralForCausalLM": transformers.MixtralConfig,
     "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+    "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
+    "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
@@ -60,13 +63,21 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
 # Qwen2/3-MoE: 4 experts, top-2, and a dense middle layer (mlp_only_layers) so both MLP kinds are checked;
 # Qwen2-MoE keeps its default norm_topk_prob=False, so each renormalisation rule is covered. Mixtral's
 # experts are `intermediate_size` wide; 4 of them, top-2.
+# DeepSeek (MLA): every width differs (latent 32, nope 16, rope 8, value 24) so mixed-up dims fail loudly;
+# V2 without a query LoRA (V2-Lite's plain q_proj), V3 with one. first_k_dense_replace covers every layer
+# (dense MLPs), so MLA is checked alone; the expert fields size the MoE variants (tests/models/test_deepseek.py).
 _QWEN_MOE = {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
              "mlp_only_layers": [1]}
+_MLA_DEFAULTS: dict[str, object] = {"num_key_value_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                                    "qk_rope_head_dim": 8, "v_head_dim": 24, "first_k_dense_replace": 2,
+                                    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
     "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
     "Qwen2MoeForCausalLM": {"shared_expert_intermediate_size": 80, **_QWEN_MOE},
     "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48},
+    "DeepseekV2ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": None},
+    "DeepseekV3ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": 48, "n_group": 2, "topk_group": 1},
 }
 
 _CORPUS = r'''

@@ -1,8 +1,11 @@
-"""Allocate the paged KV cache and bind each attention layer to its slice.
+"""Allocate the paged KV cache from each layer's spec and bind every attention layer to its tensor.
 
-Each layer gets one tensor [2, num_blocks, block_size, kv_heads, head_dim] (K then V). The
-block count comes from an explicit number, else a byte budget: an explicit one, or on CUDA
-the share of device memory left after the weights, or a fixed default on CPU.
+Each attention layer declares a `KVCacheSpec` (ops/attention/kv_cache_spec.py): full attention gets
+[2, num_blocks, block_size, kv_heads, head_dim] (K then V), MLA one latent per token. Block ids are
+shared by all layers, so the block count comes from an explicit number, else a byte budget divided by
+the sum of every layer's bytes per block: an explicit budget, or on CUDA the share of device memory
+left after the weights, or a fixed default on CPU. A latent cache thus holds more tokens in the same
+memory.
 
 The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a
 CPU) and a block is zeroed when it is freshly allocated to a request instead: attention reads a
@@ -14,22 +17,20 @@ only ever hold finite K/V, which a mask handles.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
-from rapid_llm.layers.attention import Attention
-from rapid_llm.ops.attention import AttentionBackend
+from rapid_llm.layers.attention import PagedAttentionLayer
+from rapid_llm.ops.attention.kv_cache_spec import KVCacheSpec, bytes_per_block, num_blocks_for_budget
 
 
-def attention_layers(model: nn.Module) -> list[Attention]:
-    return [module for module in model.modules() if isinstance(module, Attention)]
-
-
-def bytes_per_block(layers: list[Attention], block_size: int, dtype: torch.dtype) -> int:
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return sum(2 * block_size * layer.num_kv_heads * layer.head_dim * element_size for layer in layers)
+def attention_layers(model: nn.Module) -> list[PagedAttentionLayer]:
+    return [module for module in model.modules() if isinstance(module, PagedAttentionLayer)]
 
 
 def kv_cache_budget(cache_config: CacheConfig, device: torch.device) -> int:
@@ -45,32 +46,48 @@ def kv_cache_budget(cache_config: CacheConfig, device: torch.device) -> int:
     return DEFAULT_CPU_KV_CACHE_BYTES
 
 
+@dataclass
+class KVCache:
+    """Every attention layer's paged tensor (bound to the layer) and the spec it was allocated from."""
+
+    layers: list[PagedAttentionLayer]
+    specs: list[KVCacheSpec]
+    num_blocks: int
+    block_size: int
+    device: torch.device
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_blocks * bytes_per_block(self.specs, self.block_size)
+
+    def clear_blocks(self, block_ids: list[int]) -> None:
+        """Zero blocks that were just freshly allocated to a request, in every layer."""
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        for layer, spec in zip(self.layers, self.specs):
+            spec.zero_blocks(layer.kv_cache, index)
+
+
 def allocate_kv_cache(
-    model: nn.Module, model_config: ModelConfig, cache_config: CacheConfig, backend: AttentionBackend,
-    device: torch.device,
-) -> int:
-    """Allocate every layer's cache, bind the layers to it and the backend; return the block count."""
+    model: nn.Module, model_config: ModelConfig, cache_config: CacheConfig, backend: Any, device: torch.device,
+) -> KVCache:
+    """Allocate every layer's cache from its spec and bind the layers to it and the backend."""
     layers = attention_layers(model)
     dtype = cache_config.kv_dtype(model_config.dtype)
-    per_block = bytes_per_block(layers, cache_config.block_size, dtype)
-    num_blocks = cache_config.num_blocks or kv_cache_budget(cache_config, device) // per_block
+    specs = [layer.kv_cache_spec(dtype) for layer in layers]
+    block_size = cache_config.block_size
+    num_blocks = cache_config.num_blocks or num_blocks_for_budget(specs, block_size,
+                                                                  kv_cache_budget(cache_config, device))
     if num_blocks < 1:
         raise ValueError(
-            f"no room for a single KV block ({per_block} bytes) in the KV cache budget; "
+            f"no room for a single KV block ({bytes_per_block(specs, block_size)} bytes) in the KV cache budget; "
             "raise --kv-cache-memory or --gpu-memory-utilization"
         )
-    for layer in layers:
-        layer.bind(
-            torch.empty(2, num_blocks, cache_config.block_size, layer.num_kv_heads, layer.head_dim,
-                        dtype=dtype, device=device),
-            backend,
-        )
-    clear_blocks(layers, [0], device)
-    return num_blocks
-
-
-def clear_blocks(layers: list[Attention], block_ids: list[int], device: torch.device) -> None:
-    """Zero blocks that were just freshly allocated to a request, in every layer."""
-    index = torch.tensor(block_ids, dtype=torch.int64, device=device)
-    for layer in layers:
-        layer.kv_cache.index_fill_(1, index, 0)
+    for layer, spec in zip(layers, specs):
+        layer.bind(spec.allocate(num_blocks, block_size, device), backend)
+    cache = KVCache(layers, specs, num_blocks, block_size, device)
+    cache.clear_blocks([0])
+    return cache

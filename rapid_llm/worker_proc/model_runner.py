@@ -21,6 +21,7 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.ipc.messages import PromptLogprobs, TokenLogprobs
+from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
@@ -28,7 +29,7 @@ from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers, clear_blocks
+from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 
 logger = logging.getLogger(__name__)
@@ -92,11 +93,15 @@ class ModelRunner:
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("weights: %.2f GiB (%s) on %s in %.2f s", weight_bytes / 2**30, model_config.dtype,
                     self.device, time.perf_counter() - start)
-        self.backend = REGISTRY.select("attention", self.device, model_config.dtype_name).fn
-        self.num_blocks = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
-        self._attention_layers = attention_layers(self.model)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens", self.num_blocks, cache_config.block_size,
-                    self.num_blocks * cache_config.block_size)
+        # One attention op per model ("attention", or "mla_attention" for latent caches): its backend builds
+        # the step's metadata once and computes every layer.
+        attention_op = attention_op_of(attention_layers(self.model))
+        self.backend = REGISTRY.select(attention_op, self.device, model_config.dtype_name).fn
+        self.kv_cache = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
+        self.num_blocks = self.kv_cache.num_blocks
+        self._attention_layers = self.kv_cache.layers
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB", self.num_blocks, cache_config.block_size,
+                    self.kv_cache.num_tokens, self.kv_cache.num_bytes / 2**30)
         self.sampler = Sampler()
         # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
         self.token_pool = torch.zeros(max_num_seqs, model_config.max_model_len + 1, dtype=torch.int32,
@@ -120,7 +125,7 @@ class ModelRunner:
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
         if block_ids:
-            clear_blocks(self._attention_layers, block_ids, self.device)
+            self.kv_cache.clear_blocks(block_ids)
 
     def _validate(self, requests: Sequence[ScheduledRequest]) -> None:
         block_size = self.cache_config.block_size

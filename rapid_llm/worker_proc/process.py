@@ -36,7 +36,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
-        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "ops": runner.op_choices})
+        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.kv_cache.num_tokens,
+                             "kv_cache_bytes": runner.kv_cache.num_bytes, "ops": runner.op_choices})
     except Exception as error:
         report_failure(ready, error)
         sys.exit(1)

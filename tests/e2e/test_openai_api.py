@@ -152,6 +152,7 @@ def test_models_health_version(server) -> None:
     assert httpx.get(f"{server.base_url}/version").json()["version"]
     info = httpx.get(f"{server.base_url}/server_info", headers=headers).json()
     assert info["num_kv_blocks"] == 256 and info["served_model_name"] == "tiny"
+    assert info["kv_cache_tokens"] == 256 * info["block_size"] and info["kv_cache_bytes"] > 0
     assert info["dtype"] == "float32" and info["device"] in ("cpu", "cuda")
     assert info["max_model_len"] == SERVER_MAX_MODEL_LEN and info["async_scheduling"] is True
     # The server is this machine's CPU process in fp32: its choice is what this process's registry selects.

@@ -43,6 +43,24 @@ class PaddedGroup:
             self.masks[sliding_window] = allowed.unsqueeze(1)
         return self.masks[sliding_window]
 
+    def pad_queries(self, query: torch.Tensor) -> torch.Tensor:
+        """The group's rows of the flat query [T, heads, D] as [Bg, heads, max_q, D]."""
+        if self.max_query_len == 1:
+            # Decodes: one query per sequence, already in padded order, so no scatter is needed.
+            return query[self.token_index].unsqueeze(2)
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        padded = query.new_zeros(self.num_seqs * self.max_query_len, num_heads, head_dim)
+        padded[self.padded_index] = query[self.token_index]
+        return padded.view(self.num_seqs, self.max_query_len, num_heads, head_dim).transpose(1, 2)
+
+    def write_output(self, output: torch.Tensor, attended: torch.Tensor) -> None:
+        """Put the padded result [Bg, heads, max_q, D] into the group's rows of the flat output [T, heads, D]."""
+        if self.max_query_len == 1:
+            output[self.token_index] = attended.squeeze(2).to(output.dtype)
+            return
+        flat = attended.transpose(1, 2).reshape(-1, attended.shape[1], attended.shape[3])
+        output[self.token_index] = flat[self.padded_index].to(output.dtype)
+
 
 @dataclass
 class TorchAttentionMetadata(AttentionMetadata):
@@ -81,33 +99,19 @@ def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_s
 def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, group: PaddedGroup,
                         scale: float, sliding_window: int | None) -> None:
     """Attention of one padded group's tokens (K/V already in the cache), written into their output rows."""
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = kv_cache.shape[3]
-    if group.max_query_len == 1:
-        # Decodes: one query per sequence, already in padded order, so no scatter is needed.
-        padded_query = query[group.token_index].unsqueeze(2)
-    else:
-        padded_query = query.new_zeros(group.num_seqs * group.max_query_len, num_heads, head_dim)
-        padded_query[group.padded_index] = query[group.token_index]
-        padded_query = padded_query.view(group.num_seqs, group.max_query_len, num_heads,
-                                         head_dim).transpose(1, 2)
     # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
     history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
     # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
     compute = compute_dtype(history.device, history.dtype)
     attended = F.scaled_dot_product_attention(
-        padded_query.to(compute),
+        group.pad_queries(query).to(compute),
         history[0].to(compute),
         history[1].to(compute),
         attn_mask=group.mask(sliding_window),
         scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
+        enable_gqa=query.shape[1] != kv_cache.shape[3],
     )
-    if group.max_query_len == 1:
-        output[group.token_index] = attended.squeeze(2).to(query.dtype)
-        return
-    flat = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
-    output[group.token_index] = flat[group.padded_index].to(query.dtype)
+    group.write_output(output, attended)
 
 
 class TorchReferenceBackend(AttentionBackend):

@@ -1,0 +1,92 @@
+"""Per-layer KV-cache specs: what one attention layer stores per token, and so its paged tensor's shape.
+
+Every layer declares one (`kv_cache_spec(dtype)`): full attention keeps K and V per KV head
+([2, blocks, block_size, kv_heads, head_dim]); MLA keeps one latent vector per token, the compressed
+KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]). All layers share block
+ids, so one block costs the sum of every layer's bytes for it, and the block count a byte budget
+buys follows from that sum. The layout here is the contract between the worker that allocates and
+the backends that read it.
+Usage: `num_blocks_for_budget(specs, block_size, budget)`; `spec.allocate(num_blocks, block_size, device)`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVCacheSpec(ABC):
+    dtype: torch.dtype
+    block_dim: ClassVar[int]  # the dimension of the paged tensor that indexes blocks
+
+    @property
+    @abstractmethod
+    def elements_per_token(self) -> int:
+        """Cache elements one token takes in this layer."""
+
+    @abstractmethod
+    def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """Shape of this layer's paged tensor."""
+
+    def bytes_per_block(self, block_size: int) -> int:
+        return block_size * self.elements_per_token * torch.empty((), dtype=self.dtype).element_size()
+
+    def allocate(self, num_blocks: int, block_size: int, device: torch.device) -> torch.Tensor:
+        # Uninitialised on purpose: blocks are zeroed when they are handed to a request.
+        return torch.empty(self.page_shape(num_blocks, block_size), dtype=self.dtype, device=device)
+
+    def zero_blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> None:
+        cache.index_fill_(self.block_dim, block_ids, 0)
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(KVCacheSpec):
+    """K and V per KV head. The window is recorded for the layer; blocks outside it are not freed yet."""
+
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+    block_dim: ClassVar[int] = 1
+
+    @property
+    def elements_per_token(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+
+@dataclass(frozen=True)
+class MLALatentSpec(KVCacheSpec):
+    """One latent per token: kv_a_layernorm(compressed kv) then the rotated rope key, shared by all heads."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    block_dim: ClassVar[int] = 0
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def elements_per_token(self) -> int:
+        return self.latent_dim
+
+    def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, self.latent_dim)
+
+
+def bytes_per_block(specs: Sequence[KVCacheSpec], block_size: int) -> int:
+    """What one block id costs across every layer (each layer holds its own page for it)."""
+    return sum(spec.bytes_per_block(block_size) for spec in specs)
+
+
+def num_blocks_for_budget(specs: Sequence[KVCacheSpec], block_size: int, budget_bytes: int) -> int:
+    per_block = bytes_per_block(specs, block_size)
+    if per_block < 1:
+        raise ValueError("a model without attention layers has no KV cache to size")
+    return budget_bytes // per_block
