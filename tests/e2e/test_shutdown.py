@@ -13,11 +13,15 @@ import httpx
 from tests.e2e.server import ServerProcess, child_pids, socket_dirs, wait_gone
 
 GRACE_S = 2.0
-LONG = {"prompt": "keep going", "max_tokens": 1900, "ignore_eos": True}
+# Long enough to outlast the grace period however fast the tiny model decodes (~1 ms a token here).
+LONG_TOKENS = 16000
+LONG = {"prompt": "keep going", "max_tokens": LONG_TOKENS, "ignore_eos": True}
 
 
-def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(server_checkpoint) -> None:
-    server = ServerProcess("--model", str(server_checkpoint), "--num-kv-blocks", "256", "--log-level", "warning",
+def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint("LlamaForCausalLM", max_position_embeddings=LONG_TOKENS + 64)
+    blocks = str(3 * (LONG_TOKENS + 64) // 16)  # both long requests and the short one, 16-token blocks
+    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", blocks, "--log-level", "warning",
                            "--shutdown-timeout", str(GRACE_S))
     children = child_pids(server.process.pid)
     url = f"{server.base_url}/v1/completions"
