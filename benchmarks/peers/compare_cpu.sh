@@ -8,6 +8,8 @@
 #
 #   NUM_PROMPTS   prompts per run (default 64)
 #   SYSTEMS       which to run (default "rapid_llm vllm hf")
+#   MODELS        which checkpoints (default "llama-10m llama-100m"; also qwen3-moe-100m, a ~100M-parameter
+#                 Qwen3-MoE with 16 experts top-2, and deepseek-v3-tiny, MLA + a sigmoid-routed MoE)
 #   MODEL_ROOT    where the checkpoints are built (default /tmp/rapid_llm-bench-models)
 # Needs benchmarks/peers/setup_vllm_cpu.sh to have run for the vllm system.
 set -euo pipefail
@@ -16,24 +18,35 @@ cd "$(dirname "$0")/../.."
 OUT="${1:-benchmark-results/cpu-$(date +%Y%m%d-%H%M%S)}"
 NUM_PROMPTS="${NUM_PROMPTS:-64}"
 SYSTEMS="${SYSTEMS:-rapid_llm vllm hf}"
+MODELS="${MODELS:-llama-10m llama-100m}"
 MODEL_ROOT="${MODEL_ROOT:-/tmp/rapid_llm-bench-models}"
 PORT=31555
 mkdir -p "$OUT"
 
-python3 - "$MODEL_ROOT" <<'PY'
+python3 - "$MODEL_ROOT" "$MODELS" <<'PY'
 import sys, pathlib, torch
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
 root = pathlib.Path(sys.argv[1])
 shapes = {
-    "llama-10m": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                      intermediate_size=1024),
-    "llama-100m": dict(hidden_size=768, num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4,
-                       intermediate_size=2560),
+    "llama-10m": ("LlamaForCausalLM", dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8,
+                                           num_key_value_heads=4, intermediate_size=1024)),
+    "llama-100m": ("LlamaForCausalLM", dict(hidden_size=768, num_hidden_layers=14, num_attention_heads=12,
+                                            num_key_value_heads=4, intermediate_size=2560)),
+    "qwen3-moe-100m": ("Qwen3MoeForCausalLM", dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                                                   num_key_value_heads=4, head_dim=64, intermediate_size=1024,
+                                                   num_experts=16, num_experts_per_tok=2, moe_intermediate_size=512,
+                                                   mlp_only_layers=[])),
+    "deepseek-v3-tiny": ("DeepseekV3ForCausalLM", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                                                       num_key_value_heads=8, intermediate_size=512,
+                                                       q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+                                                       qk_rope_head_dim=16, v_head_dim=32, first_k_dense_replace=1,
+                                                       n_routed_experts=8, num_experts_per_tok=2,
+                                                       moe_intermediate_size=256, n_group=2, topk_group=1)),
 }
-for name, shape in shapes.items():
+for name in sys.argv[2].split():
+    architecture, shape = shapes[name]
     if not (root / name / "config.json").is_file():
-        build_tiny_checkpoint(root / name, "LlamaForCausalLM", dtype=torch.bfloat16,
-                              max_position_embeddings=2048, **shape)
+        build_tiny_checkpoint(root / name, architecture, dtype=torch.bfloat16, max_position_embeddings=2048, **shape)
 PY
 
 wait_healthy() {
@@ -45,7 +58,7 @@ wait_healthy() {
     return 1
 }
 
-for model in llama-10m llama-100m; do
+for model in $MODELS; do
     dir="$MODEL_ROOT/$model"
     for system in $SYSTEMS; do
         if [ "$system" = hf ]; then
