@@ -11,11 +11,26 @@ from tests.e2e.server import ServerProcess
 
 API_KEY = "test-key"
 SERVER_MAX_MODEL_LEN = 2048
+# A request that outlasts every sleep and grace period of the lifecycle tests however fast the tiny model
+# decodes (~1 ms a token on the 2-core CPU: 1900 tokens no longer outlasted a 2 s grace period).
+LONG_TOKENS = 16000
+LONG_REQUEST = {"prompt": "keep going", "max_tokens": LONG_TOKENS, "ignore_eos": True}
+
+
+def long_kv_blocks(requests: int) -> str:
+    """--num-kv-blocks for `requests` concurrent long requests in 16-token blocks."""
+    return str(requests * (LONG_TOKENS + 64) // 16)
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def long_checkpoint(tiny_checkpoint):
+    """The same weights and tokenizer, with room for LONG_REQUEST."""
+    return tiny_checkpoint("LlamaForCausalLM", max_position_embeddings=LONG_TOKENS + 64)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.e2e.conftest import LONG_REQUEST, long_kv_blocks
 from tests.e2e.server import ServerProcess, child_pids, cpu_seconds, socket_dirs, wait_gone
 
 IDLE_WINDOW_S = 10.0
@@ -49,13 +50,12 @@ def test_processes_are_named_for_ps(checkpoint) -> None:
     assert {"rapid_llm::frontend", "rapid_llm::scheduler", "rapid_llm::detokenizer", "rapid_llm::worker0"} <= titles
 
 
-def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(server_checkpoint) -> None:
+def test_ctrl_c_with_a_stream_in_flight_is_quick_and_quiet(long_checkpoint) -> None:
     # A grace period far longer than the bound below: Ctrl-C must not wait for it.
-    server = ServerProcess("--model", str(server_checkpoint), "--num-kv-blocks", "256", "--log-level", "warning",
-                           "--shutdown-timeout", "30")
+    server = ServerProcess("--model", str(long_checkpoint), "--num-kv-blocks", long_kv_blocks(1), "--log-level",
+                           "warning", "--shutdown-timeout", "30")
     children = child_pids(server.process.pid)
-    # Long enough to be still streaming after a second even on an idle machine (400 tokens were not).
-    body = {"prompt": "keep going", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    body = {**LONG_REQUEST, "stream": True}  # still streaming after a second
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
         time.sleep(1.0)
@@ -116,13 +116,14 @@ def test_no_model_serves_the_packaged_demo_target() -> None:
     assert response["model"] == "demo-target" and [model["id"] for model in models["data"]] == ["demo-target"]
 
 
-def test_a_child_dying_later_brings_the_server_down(checkpoint) -> None:
+def test_a_child_dying_later_brings_the_server_down(long_checkpoint) -> None:
     """Requests in flight when the worker dies get a 503 at once, and the server exits 1."""
-    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", "64", "--log-level", "warning")
+    server = ServerProcess("--model", str(long_checkpoint), "--num-kv-blocks", long_kv_blocks(1), "--log-level",
+                           "warning")
     titles = {pid: process_title(pid) for pid in child_pids(server.process.pid)}
     engine_children = [pid for pid, title in titles.items() if title.startswith("rapid_llm::")]
     worker = next(pid for pid, title in titles.items() if title == "rapid_llm::worker0")
-    body = {"prompt": "keep going", "max_tokens": 400, "ignore_eos": True}
+    body = LONG_REQUEST
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=60)
         time.sleep(0.5)

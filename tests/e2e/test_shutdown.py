@@ -10,24 +10,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from tests.e2e.conftest import LONG_REQUEST, long_kv_blocks
 from tests.e2e.server import ServerProcess, child_pids, socket_dirs, wait_gone
 
 GRACE_S = 2.0
-# Long enough to outlast the grace period however fast the tiny model decodes (~1 ms a token here).
-LONG_TOKENS = 16000
-LONG = {"prompt": "keep going", "max_tokens": LONG_TOKENS, "ignore_eos": True}
 
 
-def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(tiny_checkpoint) -> None:
-    checkpoint = tiny_checkpoint("LlamaForCausalLM", max_position_embeddings=LONG_TOKENS + 64)
-    blocks = str(3 * (LONG_TOKENS + 64) // 16)  # both long requests and the short one, 16-token blocks
-    server = ServerProcess("--model", str(checkpoint), "--num-kv-blocks", blocks, "--log-level", "warning",
-                           "--shutdown-timeout", str(GRACE_S))
+def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(long_checkpoint) -> None:
+    server = ServerProcess("--model", str(long_checkpoint), "--num-kv-blocks", long_kv_blocks(3), "--log-level",
+                           "warning", "--shutdown-timeout", str(GRACE_S))
     children = child_pids(server.process.pid)
     url = f"{server.base_url}/v1/completions"
     with ThreadPoolExecutor(3) as pool:
-        plain = pool.submit(httpx.post, url, json=LONG, timeout=60)
-        streamed = pool.submit(httpx.post, url, json={**LONG, "stream": True}, timeout=60)
+        plain = pool.submit(httpx.post, url, json=LONG_REQUEST, timeout=60)
+        streamed = pool.submit(httpx.post, url, json={**LONG_REQUEST, "stream": True}, timeout=60)
         time.sleep(1.0)
         short = pool.submit(httpx.post, url, json={"prompt": "Hi", "max_tokens": 8}, timeout=60)
         time.sleep(0.2)  # the short request has arrived before the signal
