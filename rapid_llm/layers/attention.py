@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from rapid_llm.ops.attention import AttentionBackend, AttentionMetadata
+from rapid_llm.ops.attention import AttentionMetadata
 from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec
 
 
@@ -61,7 +61,6 @@ class Attention(PagedAttentionLayer):
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
-        self.backend: AttentionBackend | None = None
 
     def kv_cache_spec(self, dtype: torch.dtype) -> FullAttentionSpec:
         return FullAttentionSpec(dtype, self.num_kv_heads, self.head_dim, self.sliding_window)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rapid_llm.layers.attention import PagedAttentionLayer
-from rapid_llm.ops.attention import AttentionMetadata, MLABackend, MLADims
+from rapid_llm.ops.attention import AttentionMetadata, MLADims
 from rapid_llm.ops.attention.kv_cache_spec import MLALatentSpec
 
 
@@ -25,7 +25,6 @@ class MLAAttention(PagedAttentionLayer):
         self.num_heads = num_heads
         self.dims = dims
         self.scale = scale
-        self.backend: MLABackend | None = None
 
     def kv_cache_spec(self, dtype: torch.dtype) -> MLALatentSpec:
         return MLALatentSpec(dtype, self.dims.kv_lora_rank, self.dims.qk_rope_head_dim)

@@ -99,7 +99,6 @@ class ModelRunner:
         self.backend = REGISTRY.select(attention_op, self.device, model_config.dtype_name).fn
         self.kv_cache = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
         self.num_blocks = self.kv_cache.num_blocks
-        self._attention_layers = self.kv_cache.layers
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB", self.num_blocks, cache_config.block_size,
                     self.kv_cache.num_tokens, self.kv_cache.num_bytes / 2**30)
         self.sampler = Sampler()

@@ -58,18 +58,18 @@ def test_layers_cache_one_latent_per_token(tiny_checkpoint) -> None:
     hf_config = config.hf_config
     latent_dim = hf_config.kv_lora_rank + hf_config.qk_rope_head_dim
     assert runner.backend is MLA_ABSORBED_BACKEND  # the default; decodes attend over the latents
-    assert all(isinstance(layer, MLAAttention) for layer in runner._attention_layers)
-    assert len(runner._attention_layers) == hf_config.num_hidden_layers
+    assert all(isinstance(layer, MLAAttention) for layer in runner.kv_cache.layers)
+    assert len(runner.kv_cache.layers) == hf_config.num_hidden_layers
     bytes_per_block = hf_config.num_hidden_layers * 16 * latent_dim * 4
     assert runner.num_blocks == budget // bytes_per_block
     assert runner.kv_cache.num_tokens == runner.num_blocks * 16
-    assert all(layer.kv_cache.shape == (runner.num_blocks, 16, latent_dim) for layer in runner._attention_layers)
+    assert all(layer.kv_cache.shape == (runner.num_blocks, 16, latent_dim) for layer in runner.kv_cache.layers)
 
 
 def test_garbage_in_unassigned_latent_blocks_never_leaks(tiny_checkpoint) -> None:
     checkpoint = tiny_checkpoint(V2)
     runner = _runner(checkpoint, block_size=4)
-    for layer in runner._attention_layers:
+    for layer in runner.kv_cache.layers:
         layer.kv_cache[1:].fill_(float("nan"))
     hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, lengths=(6, 13), seed=4)

@@ -114,7 +114,7 @@ def test_garbage_in_unassigned_cache_memory_never_leaks(tiny_checkpoint) -> None
     unwritten tail — cannot reach the outputs."""
     checkpoint = tiny_checkpoint("LlamaForCausalLM")
     runner = _runner(checkpoint, block_size=16)
-    for layer in runner._attention_layers:
+    for layer in runner.kv_cache.layers:
         layer.kv_cache[:, 1:].fill_(float("nan"))
     hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, seed=4)
