@@ -1,0 +1,62 @@
+"""The `cpu_amx` linear kernel against F.linear in fp32: each of its three paths (one row, up to 16 rows,
+32-row blocks with a padded tail), bias, the fallback for widths that are not multiples of 32, and the
+layout check. Skips where the CPU or OS does not run AMX-BF16 / AVX512-BF16 code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rapid_llm.ops.amx_linear import AMX_LINEAR, amx_missing
+from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
+
+pytestmark = pytest.mark.skipif(amx_missing("cpu", "bfloat16") is not None,
+                                reason=f"cpu_amx: {amx_missing('cpu', 'bfloat16')}")
+
+
+def _case(rows: int, in_features: int, out_features: int, bias: bool) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(rows * 7 + in_features + out_features)
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    weight = (torch.randn(out_features, in_features, generator=generator) * in_features**-0.5).bfloat16()
+    b = torch.randn(out_features, generator=generator).bfloat16() if bias else None
+    return x, weight, b
+
+
+def _bf16_rounding_of_exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 32, 33, 100, 300])
+@pytest.mark.parametrize(("in_features", "out_features", "bias"), [(64, 32, False), (256, 96, True), (96, 512, False)])
+def test_matches_the_exact_product_within_one_bf16_rounding(rows: int, in_features: int, out_features: int,
+                                                           bias: bool) -> None:
+    x, weight, b = _case(rows, in_features, out_features, bias)
+    got = AMX_LINEAR(x, AMX_LINEAR.prepare(weight), b)
+    exact = _bf16_rounding_of_exact(x, weight, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # fp32 sums in another order, then one rounding: within an ulp of bf16 plus fp32's summation error.
+    torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-4)
+    oneDNN = F.linear(x, weight, b)
+    assert (got.float() - oneDNN.float()).abs().max() <= (oneDNN.float().abs().max() * 2**-7).item()
+
+
+def test_leading_dimensions_are_kept() -> None:
+    x, weight, _ = _case(6, 64, 64, False)
+    got = AMX_LINEAR(x.view(2, 3, 64), AMX_LINEAR.prepare(weight))
+    assert got.shape == (2, 3, 64)
+    torch.testing.assert_close(got.view(6, 64), AMX_LINEAR(x, AMX_LINEAR.prepare(weight)), rtol=0, atol=0)
+
+
+def test_widths_not_multiples_of_32_keep_onednn_format() -> None:
+    x, weight, b = _case(3, 88, 40, True)
+    prepared = AMX_LINEAR.prepare(weight)
+    assert prepared.is_mkldnn
+    torch.testing.assert_close(AMX_LINEAR(x, prepared, b), F.linear(x, weight, b), rtol=0, atol=0)
+    torch.testing.assert_close(AMX_LINEAR(x, weight, b), F.linear(x, weight, b), rtol=0, atol=0)
+
+
+def test_a_weight_not_from_the_packer_is_refused() -> None:
+    x, _, _ = _case(1, 64, 32, False)
+    with pytest.raises(RuntimeError, match="amx_pack_weight"):
+        CPU_OPS.load().amx_linear(x, torch.zeros(2, 32, 16, dtype=torch.bfloat16), None)
