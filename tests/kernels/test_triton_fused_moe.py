@@ -60,19 +60,21 @@ def test_matches_the_reference(triton_device: torch.device, dtype: str, tokens: 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_uneven_loads_and_experts_without_tokens(triton_device: torch.device, dtype: str) -> None:
-    """Every token picks expert 4 (40 slots: several blocks) and one of 0/1; experts 2, 3 and 5 get nothing."""
+    """Every token picks expert 4 (40 slots: several blocks) and one of 0/1; experts 2, 3 and 5 get nothing.
+    The ids are int32, as a hash-routing table may give them."""
     torch.manual_seed(0)
     dtype_ = dtype_from_name(dtype)
     x = torch.randn(40, HIDDEN, device=triton_device).to(dtype_)
-    topk_ids = torch.stack([torch.full((40,), 4), torch.arange(40) % 3 // 2], dim=1).to(triton_device)
+    topk_ids = torch.stack([torch.full((40,), 4), torch.arange(40) % 3 // 2], dim=1).to(triton_device, torch.int32)
     _check(x, torch.rand(40, 2, device=triton_device), topk_ids, *_weights(dtype_, triton_device))
 
 
 def test_every_expert_for_every_token(triton_device: torch.device) -> None:
+    """70 slots per expert: blocks of 64 rows, two per expert."""
     torch.manual_seed(1)
-    x = torch.randn(20, HIDDEN, device=triton_device)
-    topk_ids = torch.stack([torch.randperm(EXPERTS) for _ in range(20)]).to(triton_device)
-    _check(x, torch.rand(20, EXPERTS, device=triton_device), topk_ids, *_weights(torch.float32, triton_device))
+    x = torch.randn(70, HIDDEN, device=triton_device)
+    topk_ids = torch.stack([torch.randperm(EXPERTS) for _ in range(70)]).to(triton_device)
+    _check(x, torch.rand(70, EXPERTS, device=triton_device), topk_ids, *_weights(torch.float32, triton_device))
 
 
 def _truncated(x: torch.Tensor) -> torch.Tensor:

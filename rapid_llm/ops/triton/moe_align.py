@@ -16,7 +16,7 @@ import torch
 
 def align_slots(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(slot of each padded row [blocks * block_m], int32; expert of each block [blocks], int32)."""
-    flat = topk_ids.flatten()
+    flat = topk_ids.flatten().long()  # ids may come as int32 (e.g. a hash-routing table)
     num_slots = flat.numel()
     sorted_experts, slots = flat.sort(stable=True)
     # scatter_add_, not bincount: bincount on CUDA reads the max back to size its output.
