@@ -61,6 +61,8 @@ register_op(name="kv_cache_store", backend="triton", fn="rapid_llm.ops.triton.kv
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.triton_backend:TRITON_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_moe:fused_moe",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
 # then and turns a missing toolchain or a failed build into a skip reason.

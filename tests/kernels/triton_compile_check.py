@@ -16,9 +16,13 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from rapid_llm.ops.triton import activation, attention_decode, attention_prefill, kv_cache, norm, rotary
+from rapid_llm.ops.triton import activation, attention_decode, attention_prefill, fused_moe, kv_cache, norm, rotary
 
 SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
+# Arguments the launch sees 16-divisible at model shapes, which Triton's specialisation marks: whether a GEMM's
+# loads vectorise and pipeline (so its shared memory) depends on it.
+ALIGNED = {fused_moe._grouped_gemm_kernel: ("a_ptr", "b_ptr", "out_ptr", "a_row_stride", "b_expert_stride",
+                                            "b_n_stride", "out_row_stride", "k")}
 INDEX_POINTERS = {name: "*i64" for name in ("seq_ids_ptr", "query_start_ptr", "seq_lens_ptr", "block_tables_ptr",
                                             "slot_mapping_ptr")}
 
@@ -45,6 +49,15 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
         cases.append((f"rotary neox={is_neox} rest={rest}", rotary._rotary_kernel, "bf16",
                       {"IS_NEOX": is_neox, "BLOCK_Q_HEADS": 32, "BLOCK_K_HEADS": 8, "BLOCK_PAIRS": 32,
                        "BLOCK_REST": rest}, floats, {"num_warps": 16}))
+    moe = {"sorted_slots_ptr": "*i32", "block_experts_ptr": "*i32", "weights_ptr": "*fp32", "order_ptr": "*i64"}
+    for dtype, dot, precision, block_k in (("bf16", tl.bfloat16, "tf32", 64), ("fp32", tl.float32, "ieee", 32)):
+        for label, slots_per_row, weighted in (("w13", 8, False), ("w2", 1, True)):
+            constexprs = {"SLOTS_PER_ROW": slots_per_row, "APPLY_WEIGHT": weighted, "BLOCK_M": 64, "BLOCK_N": 64,
+                          "BLOCK_K": block_k, "b_k_stride": 1, "DOT_DTYPE": dot, "PRECISION": precision}
+            cases.append((f"fused_moe {label} {dtype}", fused_moe._grouped_gemm_kernel, dtype,
+                          constexprs if weighted else {**constexprs, "weights_ptr": None}, moe,
+                          {"num_warps": 4, "num_stages": 3}))
+    cases.append(("fused_moe sum", fused_moe._sum_kernel, "bf16", {"TOP_K": 8, "BLOCK": 1024}, moe, {"num_warps": 4}))
     for dtype, dot, precision, block_m, block_n in (("bf16", tl.bfloat16, "tf32", 64, 64),
                                                     ("fp32", tl.float32, "ieee", 32, 32)):
         tiles = {"DOT_DTYPE": dot, "PRECISION": precision, "BLOCK_D": 128, "BLOCK_N": block_n}
@@ -64,7 +77,8 @@ def main(capabilities: tuple[int, ...] = (90, 80)) -> int:
     for capability in capabilities:
         target = GPUTarget("cuda", capability, 32)
         for label, fn, dtype, constexprs, types, options in _cases():
-            source = ASTSource(fn, _signature(fn, dtype, constexprs, types), constexprs)
+            attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED.get(fn, ())}
+            source = ASTSource(fn, _signature(fn, dtype, constexprs, types), constexprs, attrs)
             try:
                 shared = triton.compile(source, target=target, options=options).metadata.shared
             except Exception as error:  # report every kernel, not only the first failure
