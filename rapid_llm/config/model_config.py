@@ -64,6 +64,16 @@ def derived_max_model_len(max_positions: int, rope: dict[str, Any]) -> int:
     return max_positions
 
 
+def _supported_len(config: Any) -> int:
+    """derived_max_model_len of the config's rope; with per-rope-type parameters (DeepSeek-V4's "main" and
+    "compress"), the longest any of them supports."""
+    max_positions = int(config.max_position_embeddings)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(value, dict) for value in params.values()):
+        return max(derived_max_model_len(max_positions, {"rope_type": "default", **value}) for value in params.values())
+    return derived_max_model_len(max_positions, rope_parameters(config))
+
+
 def _token_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -87,7 +97,7 @@ class CheckpointFields:
         return cls(
             architectures=tuple(getattr(config, "architectures", None) or ()),
             vocab_size=int(config.vocab_size),
-            supported_len=derived_max_model_len(int(config.max_position_embeddings), rope_parameters(config)),
+            supported_len=_supported_len(config),
             declared_dtype=None if declared is None else str(declared).removeprefix("torch."),
             eos_token_ids=_token_ids(getattr(config, "eos_token_id", None)),
         )

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 _MODELS: dict[str, str] = {
     "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
+    "DeepseekV4ForCausalLM": "rapid_llm.models.deepseek_v4:DeepseekV4ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
