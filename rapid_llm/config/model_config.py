@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from rapid_llm.config.dtypes import dtype_from_name, dtype_name
+from rapid_llm.models.registry import refusal_reason
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +112,11 @@ def _read_config_json(model: str) -> SimpleNamespace:
         values = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"--model {model!r}: cannot read config.json ({error})") from None
+    for architecture in values.get("architectures") or ():
+        # Before the field checks: a refused layout (DeepSeek-V4.1 nests its fields) would fail them unclearly.
+        reason = refusal_reason(architecture)
+        if reason is not None:
+            raise ValueError(f"--model {model!r}: {reason}")
     missing = [name for name in _REQUIRED_JSON_FIELDS if name not in values]
     if missing:
         raise ValueError(f"{path} names no {', '.join(missing)}; add it to the checkpoint's config")

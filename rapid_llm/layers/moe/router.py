@@ -93,9 +93,9 @@ class RouterConfig:
     def deepseek_v4(cls, config: PretrainedConfig) -> RouterConfig:
         """transformers' V4 routers always renormalise (whatever `norm_topk_prob` says) and compute the gate in
         the model dtype; the top-k router's scores are biased by e_score_correction_bias for selection."""
-        if config.scoring_func not in ("softmax", "sigmoid", "sqrtsoftplus"):
-            raise ValueError(f"DeepSeek-V4 scoring_func must be softmax, sigmoid or sqrtsoftplus, "
-                             f"got {config.scoring_func!r}")
+        # transformers applies scoring_func elementwise (ACT2FN): softmax, which its docs name, fails there.
+        if config.scoring_func not in ("sigmoid", "sqrtsoftplus"):
+            raise ValueError(f"DeepSeek-V4 scoring_func must be sigmoid or sqrtsoftplus, got {config.scoring_func!r}")
         return cls(config.n_routed_experts, config.num_experts_per_tok, scoring=config.scoring_func,
                    renormalize=True, correction_bias=True, routed_scaling_factor=config.routed_scaling_factor)
 
