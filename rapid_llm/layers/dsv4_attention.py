@@ -22,7 +22,6 @@ from transformers import PretrainedConfig
 from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.hyper_connection import unweighted_rms_norm
-from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import LinearBase
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.ops.attention.backend import AttentionMetadata
@@ -38,6 +37,20 @@ def make_ropes(config: PretrainedConfig) -> dict[str, RotaryEmbedding]:
                                                   max_position_embeddings=config.max_position_embeddings),
                                   config.head_dim, is_neox_style=False)
             for name, params in config.rope_parameters.items()}
+
+
+class Fp32RMSNorm(nn.Module):
+    """RMSNorm with a float32 weight, multiplied in float32 and rounded once (transformers keeps DeepSeek-V4's
+    norms in float32; the shared RMSNorm rounds before its weight multiply)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (self.weight * (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps))).to(x.dtype)
 
 
 def rotate_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -62,7 +75,7 @@ class Compressor(nn.Module):
         self.wkv = LinearBase(hidden_size, series * width, bias=False)
         self.wgate = LinearBase(hidden_size, series * width, bias=False)
         self.ape = nn.Parameter(torch.empty(rate, series * width, dtype=torch.float32), requires_grad=False)
-        self.norm = RMSNorm(width, eps)
+        self.norm = Fp32RMSNorm(width, eps)
         self.rope = rope
 
     def inputs(self, hidden_states: torch.Tensor) -> CompressorInputs:
@@ -138,10 +151,10 @@ class DeepseekV4Attention(nn.Module):
             raise ValueError(f"o_groups ({groups}) must divide num_attention_heads ({heads})")
         self.num_heads, self.head_dim, self.groups, self.eps = heads, head_dim, groups, config.rms_norm_eps
         self.wq_a = LinearBase(config.hidden_size, config.q_lora_rank, bias=False)
-        self.q_norm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_norm = Fp32RMSNorm(config.q_lora_rank, config.rms_norm_eps)
         self.wq_b = LinearBase(config.q_lora_rank, heads * head_dim, bias=False)
         self.wkv = LinearBase(config.hidden_size, head_dim, bias=False)
-        self.norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.norm = Fp32RMSNorm(head_dim, config.rms_norm_eps)
         # wo_a is block-diagonal (one [o_lora_rank, heads/groups * head_dim] block per group), applied as a bmm.
         self.wo_a = nn.Module()
         self.wo_a.weight = nn.Parameter(torch.empty(groups * config.o_lora_rank, heads * head_dim // groups),

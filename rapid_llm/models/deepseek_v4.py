@@ -14,11 +14,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from rapid_llm.layers.dsv4_attention import DeepseekV4Attention, make_ropes
+from rapid_llm.layers.dsv4_attention import DeepseekV4Attention, Fp32RMSNorm, make_ropes
 from rapid_llm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.hyper_connection import HyperConnection, HyperHead
-from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from rapid_llm.layers.moe import FusedExperts, Router, RouterConfig
 from rapid_llm.layers.moe.router import HashRouter
@@ -71,8 +70,8 @@ class DeepseekV4DecoderLayer(nn.Module):
         eps = config.rms_norm_eps
         self.attn = DeepseekV4Attention(config, layer_id, ropes)
         self.ffn = DeepseekV4MoE(config, layer_id)
-        self.attn_norm = RMSNorm(config.hidden_size, eps)
-        self.ffn_norm = RMSNorm(config.hidden_size, eps)
+        self.attn_norm = Fp32RMSNorm(config.hidden_size, eps)
+        self.ffn_norm = Fp32RMSNorm(config.hidden_size, eps)
         self.attn_hc = HyperConnection(config.hidden_size, config.hc_mult, config.hc_sinkhorn_iters, config.hc_eps, eps)
         self.ffn_hc = HyperConnection(config.hidden_size, config.hc_mult, config.hc_sinkhorn_iters, config.hc_eps, eps)
 
@@ -91,7 +90,7 @@ class DeepseekV4Model(nn.Module):
         ropes = make_ropes(config)
         self.layers = nn.ModuleList(DeepseekV4DecoderLayer(config, i, ropes) for i in range(config.num_hidden_layers))
         self.hc_head = HyperHead(config.hidden_size, config.hc_mult, config.hc_eps, config.rms_norm_eps)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = Fp32RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         embeddings = self.embed_tokens(batch.input_ids)

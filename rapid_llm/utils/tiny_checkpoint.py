@@ -300,7 +300,7 @@ def _perturb_deepseek_v4(model: torch.nn.Module, std: float) -> None:
             param.normal_(mean=0.0, std=std)
     for name, buffer in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
-            buffer.normal_(mean=0.0, std=0.1)
+            buffer.normal_(mean=0.0, std=0.5)
         elif name.endswith("tid2eid"):
             num_experts = model.config.n_routed_experts
             buffer.copy_(torch.rand(buffer.shape[0], num_experts).argsort(dim=-1)[:, : buffer.shape[1]])

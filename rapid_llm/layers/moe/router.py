@@ -91,13 +91,16 @@ class RouterConfig:
 
     @classmethod
     def deepseek_v4(cls, config: PretrainedConfig) -> RouterConfig:
-        """transformers' V4 routers always renormalise (whatever `norm_topk_prob` says) and compute the gate in
-        the model dtype; the top-k router's scores are biased by e_score_correction_bias for selection."""
+        """transformers' V4 routers always renormalise (whatever `norm_topk_prob` says); the top-k router's scores
+        are biased by e_score_correction_bias for selection. transformers computes the gate in the model dtype;
+        here it is fp32 as for V2/V3, so a bf16 model's choices follow the fp32 ones (rounded bf16 logits tie
+        and flip experts)."""
         # transformers applies scoring_func elementwise (ACT2FN): softmax, which its docs name, fails there.
         if config.scoring_func not in ("sigmoid", "sqrtsoftplus"):
             raise ValueError(f"DeepSeek-V4 scoring_func must be sigmoid or sqrtsoftplus, got {config.scoring_func!r}")
         return cls(config.n_routed_experts, config.num_experts_per_tok, scoring=config.scoring_func,
-                   renormalize=True, correction_bias=True, routed_scaling_factor=config.routed_scaling_factor)
+                   renormalize=True, correction_bias=True, routed_scaling_factor=config.routed_scaling_factor,
+                   fp32_logits=True)
 
 
 def _scores(logits: torch.Tensor, scoring: Scoring) -> torch.Tensor:
@@ -186,8 +189,11 @@ class HashRouter(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, config: RouterConfig) -> None:
         super().__init__()
         self.config = replace(config, correction_bias=False)
-        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size), requires_grad=False)
+        weight_dtype = torch.float32 if config.fp32_logits else None  # None: the model dtype
+        self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size, dtype=weight_dtype),
+                                   requires_grad=False)
         self.tid2eid = nn.Parameter(torch.zeros(vocab_size, config.top_k, dtype=torch.int64), requires_grad=False)
 
     def forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return hashed_experts(ops.linear(hidden_states, self.weight), token_ids, self.tid2eid, self.config)
+        x = hidden_states.float() if self.config.fp32_logits else hidden_states
+        return hashed_experts(ops.linear(x, self.weight), token_ids, self.tid2eid, self.config)

@@ -64,8 +64,9 @@ def _indexer_selection(indexer: IndexerQuery, history: torch.Tensor, group: Padd
 def _attend_group(query: torch.Tensor, indexer: IndexerQuery | None, sinks: torch.Tensor, kv_cache: torch.Tensor,
                   spec: DeepseekV4Spec, group: PaddedGroup, scale: float, sliding_window: int) -> torch.Tensor:
     """One padded group's attention [Bg, H, max_q, D] over its sliding window and compressed entries."""
-    history = kv_cache[group.block_tables].flatten(1, 2)[:, : group.max_kv_len].to(query.dtype)
-    padded = group.pad_queries(query)  # [Bg, H, max_q, D]
+    # float32 throughout (transformers' softmax is float32 too: its float32 sinks promote the logits).
+    history = kv_cache[group.block_tables].flatten(1, 2)[:, : group.max_kv_len].float()
+    padded = group.pad_queries(query).float()  # [Bg, H, max_q, D]
     window = history[..., : spec.head_dim]  # [Bg, L, D], keys and values
     logits = [(padded @ window.unsqueeze(1).transpose(-1, -2) * scale)
               .masked_fill(~group.mask(sliding_window), float("-inf"))]
@@ -80,7 +81,7 @@ def _attend_group(query: torch.Tensor, indexer: IndexerQuery | None, sinks: torc
         logits.append((padded @ entries.unsqueeze(1).transpose(-1, -2) * scale)
                       .masked_fill(~visible.unsqueeze(1), float("-inf")))
         values.append(entries)
-    sink = sinks.to(padded.dtype).view(1, -1, 1, 1).expand(*padded.shape[:3], 1)
+    sink = sinks.float().view(1, -1, 1, 1).expand(*padded.shape[:3], 1)
     combined = torch.cat([*logits, sink], dim=-1)
     probs = (combined - combined.max(dim=-1, keepdim=True).values).softmax(dim=-1)[..., :-1]
     return probs @ torch.cat(values, dim=1).unsqueeze(1)
