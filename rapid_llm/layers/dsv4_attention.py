@@ -68,7 +68,8 @@ class Compressor(nn.Module):
     at the window's first position. CSA (`overlap`) pools the first series of the previous window with the
     second of the current one."""
 
-    def __init__(self, hidden_size: int, width: int, rate: int, overlap: bool, eps: float, rope: RotaryEmbedding):
+    def __init__(self, hidden_size: int, width: int, rate: int, overlap: bool, eps: float,
+                 rope: RotaryEmbedding) -> None:
         super().__init__()
         self.width, self.rate, self.overlap = width, rate, overlap
         series = 2 if overlap else 1

@@ -21,6 +21,7 @@ from rapid_llm.layers.hyper_connection import HyperConnection, HyperHead
 from rapid_llm.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from rapid_llm.layers.moe import FusedExperts, Router, RouterConfig
 from rapid_llm.layers.moe.router import HashRouter
+from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.models.llama import require_silu
 from rapid_llm.models.weight_mapping import StackedParam, expert_stacked_params
 from rapid_llm.ops.activation import clamped_silu_and_mul
@@ -65,7 +66,7 @@ class DeepseekV4MoE(nn.Module):
 
 
 class DeepseekV4DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_id: int, ropes: dict) -> None:
+    def __init__(self, config: PretrainedConfig, layer_id: int, ropes: dict[str, RotaryEmbedding]) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.attn = DeepseekV4Attention(config, layer_id, ropes)
