@@ -51,7 +51,9 @@ def table(architecture: str, root: Path) -> str:
     from rapid_llm.models.weight_mapping import map_checkpoint_name
     from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint, tiny_config
 
-    overrides = {"first_k_dense_replace": 1} if architecture.startswith("Deepseek") else {}
+    # V2/V3 get one dense layer besides the MoE ones; V4 has no dense layers (its defaults cover every kind).
+    mla = architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+    overrides = {"first_k_dense_replace": 1} if mla else {}
     checkpoint = build_tiny_checkpoint(root / architecture, architecture, torch.float32, with_tokenizer=False,
                                        **overrides)
     config = tiny_config(architecture, **overrides)

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from rapid_llm.config.dtypes import dtype_from_name, dtype_name
+from rapid_llm.models.registry import refusal_reason
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +65,16 @@ def derived_max_model_len(max_positions: int, rope: dict[str, Any]) -> int:
     return max_positions
 
 
+def _supported_len(config: Any) -> int:
+    """derived_max_model_len of the config's rope; with per-rope-type parameters (DeepSeek-V4's "main" and
+    "compress"), the longest any of them supports."""
+    max_positions = int(config.max_position_embeddings)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(value, dict) for value in params.values()):
+        return max(derived_max_model_len(max_positions, {"rope_type": "default", **value}) for value in params.values())
+    return derived_max_model_len(max_positions, rope_parameters(config))
+
+
 def _token_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -87,7 +98,7 @@ class CheckpointFields:
         return cls(
             architectures=tuple(getattr(config, "architectures", None) or ()),
             vocab_size=int(config.vocab_size),
-            supported_len=derived_max_model_len(int(config.max_position_embeddings), rope_parameters(config)),
+            supported_len=_supported_len(config),
             declared_dtype=None if declared is None else str(declared).removeprefix("torch."),
             eos_token_ids=_token_ids(getattr(config, "eos_token_id", None)),
         )
@@ -101,6 +112,11 @@ def _read_config_json(model: str) -> SimpleNamespace:
         values = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"--model {model!r}: cannot read config.json ({error})") from None
+    for architecture in values.get("architectures") or ():
+        # Before the field checks: a refused layout (DeepSeek-V4.1 nests its fields) would fail them unclearly.
+        reason = refusal_reason(architecture)
+        if reason is not None:
+            raise ValueError(f"--model {model!r}: {reason}")
     missing = [name for name in _REQUIRED_JSON_FIELDS if name not in values]
     if missing:
         raise ValueError(f"{path} names no {', '.join(missing)}; add it to the checkpoint's config")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 _MODELS: dict[str, str] = {
     "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
+    "DeepseekV4ForCausalLM": "rapid_llm.models.deepseek_v4:DeepseekV4ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
@@ -25,12 +26,34 @@ _MODELS: dict[str, str] = {
 }
 
 
+# Architectures that look related to a supported one but are not served, with what is missing. DeepSeek-V4.1's
+# config (vLLM's `deepseek_v41`) nests the text model under `text_config` and adds fields V4 has no
+# counterpart for, so it cannot be read as a V4 config.
+_REFUSED: dict[str, str] = {
+    "DeepseekV41ForCausalLM": (
+        "DeepSeek-V4.1 (model_type deepseek_v41) is not DeepSeek-V4 and is not supported: its text config "
+        "(nested under text_config, next to a vision_config) has per-layer compress_ratios of 1 and 2 with "
+        "compressed KV and indexer top-k shared across layers (kv_source_layer_ids, index_source_layer_ids), a "
+        "two-level candidate top-k (candidate_source_layer_id, candidate_topk_blocks, candidate_block_size), "
+        "engram hash-embedding layers (engram_layer_ids, engram_*), a router temperature (gate_temp) and a vision "
+        "tower; rapid_llm implements none of these (DeepseekV4ForCausalLM checkpoints are served)"),
+}
+
+
+def refusal_reason(architecture: str) -> str | None:
+    """Why `architecture` is refused, for the related architectures named in _REFUSED; else None."""
+    return _REFUSED.get(architecture)
+
+
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
 def check_supported(architecture: str) -> None:
     """Raise ValueError, listing what is supported, unless `architecture` is (imports no model)."""
+    reason = refusal_reason(architecture)
+    if reason is not None:
+        raise ValueError(reason)
     if architecture not in _MODELS:
         raise ValueError(
             f"Model architecture {architecture!r} is not supported by rapid_llm. "

@@ -44,6 +44,10 @@ register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.tor
 register_op(name="mla_attention", backend=REFERENCE, fn="rapid_llm.ops.attention.mla_torch_ref:MLA_TORCH_REF_BACKEND")
 register_op(name="mla_attention", backend="torch_absorbed",
             fn="rapid_llm.ops.attention.mla_absorbed:MLA_ABSORBED_BACKEND", priority=10)
+# DeepSeek-V4's sliding + compressed sparse attention with sinks over one paged row per token: DeepseekV4Backends
+# (rapid_llm/ops/attention/dsv4_backend.py), selected once like the others.
+register_op(name="dsv4_attention", backend=REFERENCE,
+            fn="rapid_llm.ops.attention.dsv4_torch_ref:DSV4_TORCH_REF_BACKEND")
 
 # Triton kernels (rapid_llm/ops/triton/): the default on CUDA when triton is installed, above torch_ref.
 # Elsewhere their device condition fails before anything is imported, so a CPU server never loads triton.

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 
 from rapid_llm.ops.attention.backend import StepLayout
+from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
+from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
 
 
@@ -250,6 +252,34 @@ def _mla_attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
     return backend.forward(query, latent, cache, kv_b_weight, dims, backend.build_metadata(layout, query.device), scale)
 
 
+def _dsv4_pool(kv: torch.Tensor, gate: torch.Tensor, valid: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """A stand-in for a V4 compressor's pooling: gate-softmax over the current window's second series."""
+    width = kv.shape[-1] // 2
+    return (kv[:, -1, :, width:] * gate[:, -1, :, width:].softmax(dim=1)).sum(dim=1)
+
+
+def _dsv4_attention(config: CaseConfig, variant: str) -> OpInputs:
+    """The attention batches through a CSA layer (compressor at head_dim, indexer at head_dim / 2, rate 4, top-3,
+    window 8): the step pools every window its tokens close and attends over window + selected entries."""
+    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    layout, num_blocks = _paged_layout(inputs, variant)
+    spec = DeepseekV4Spec(config.dtype, shape.head_dim, (shape.head_dim, shape.head_dim // 2), rate=4, overlap=True)
+    cache = inputs.randn(num_blocks, shape.block_size, spec.elements_per_token)
+    compressors = [CompressorInputs(inputs.randn(t, 2 * width), inputs.randn(t, 2 * width), _dsv4_pool)
+                   for width in spec.compressor_widths]
+    indexer = IndexerQuery(inputs.randn(t, shape.num_heads, shape.head_dim // 2), inputs.randn(t, shape.num_heads),
+                           (shape.head_dim // 2) ** -0.5, top_k=3)
+    args = (layout, inputs.randn(t, shape.num_heads, shape.head_dim), inputs.randn(t, shape.head_dim), compressors,
+            indexer, inputs.randn(shape.num_heads), cache, spec, shape.head_dim**-0.5, 8)
+    return OpInputs(args, _layout_label(layout))
+
+
+def _dsv4_attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    layout, query, kv, compressors, indexer, sinks, cache, spec, scale, window = args
+    return backend.forward(query, kv, compressors, indexer, sinks, cache, spec,
+                           backend.build_metadata(layout, query.device), scale, window)
+
+
 OP_CASES: dict[str, OpCase] = {
     "rms_norm": OpCase(_rms_norm),
     "fused_add_rms_norm": OpCase(_fused_add_rms_norm),
@@ -262,4 +292,5 @@ OP_CASES: dict[str, OpCase] = {
                                  why_dtypes="the sampler filters float32 logits", exact=True),
     "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),
     "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
+    "dsv4_attention": OpCase(_dsv4_attention, variants=("decode", "prefill"), run=_dsv4_attention_step),
 }

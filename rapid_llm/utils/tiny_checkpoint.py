@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                            "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM",
-                           "DeepseekV3ForCausalLM")
+                           "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -56,6 +56,7 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
     "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
     "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
+    "DeepseekV4ForCausalLM": transformers.DeepseekV4Config,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
@@ -71,6 +72,20 @@ _QWEN_MOE = {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
 _MLA_DEFAULTS: dict[str, object] = {"num_key_value_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
                                     "qk_rope_head_dim": 8, "v_head_dim": 24, "first_k_dense_replace": 2,
                                     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# DeepSeek-V4: every layer type (sliding, CSA with rate 4, HCA with rate 8) and both MLP types in four layers,
+# a window of 8 and an index_topk of 3 so windows slide and the indexer drops entries within short prompts,
+# YaRN on the compressed layers' rope; swiglu_limit 1.5 so the clamps bite.
+_DSV4_DEFAULTS: dict[str, object] = {
+    "num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 32, "q_lora_rank": 24, "partial_rotary_factor": 0.25,
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                    "compressed_sparse_attention"],
+    "mlp_layer_types": ["hash_moe", "moe", "hash_moe", "moe"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "swiglu_limit": 1.5,
+    "hc_mult": 2, "hc_sinkhorn_iters": 5, "sliding_window": 8, "o_groups": 2, "o_lora_rank": 16,
+    "index_n_heads": 8, "index_head_dim": 16, "index_topk": 3,
+    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
     "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
@@ -78,6 +93,7 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48},
     "DeepseekV2ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": None},
     "DeepseekV3ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": 48, "n_group": 2, "topk_group": 1},
+    "DeepseekV4ForCausalLM": _DSV4_DEFAULTS,
 }
 
 _CORPUS = r'''
@@ -265,8 +281,26 @@ def _perturb_defaults(model: torch.nn.Module, std: float) -> None:
     With the constants, a loader that forgets to load these tensors would still match the reference.
     """
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "weight"):
             module.weight.normal_(mean=1.0, std=0.2)
     for name, param in model.named_parameters():
         if name.endswith(".bias"):
             param.normal_(mean=0.0, std=std)
+    if type(model).__name__.startswith("DeepseekV4"):
+        _perturb_deepseek_v4(model, std)
+
+
+@torch.no_grad()
+def _perturb_deepseek_v4(model: torch.nn.Module, std: float) -> None:
+    """DeepSeek-V4 initialises sinks, compressor position biases and hyper-connection biases to zero, the
+    routers' correction bias to zero and the hash table to expert 0 for every token: random values instead
+    (a hash table row holds distinct experts, as a real one does)."""
+    for name, param in model.named_parameters():
+        if name.endswith(("sinks", "position_bias", "_hc.base", "hc_base")):
+            param.normal_(mean=0.0, std=std)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.normal_(mean=0.0, std=0.5)
+        elif name.endswith("tid2eid"):
+            num_experts = model.config.n_routed_experts
+            buffer.copy_(torch.rand(buffer.shape[0], num_experts).argsort(dim=-1)[:, : buffer.shape[1]])

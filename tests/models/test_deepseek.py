@@ -12,8 +12,9 @@ from rapid_llm.layers.mla_attention import MLAAttention
 from rapid_llm.ops.attention.mla_absorbed import MLA_ABSORBED_BACKEND
 from rapid_llm.ops.attention.mla_torch_ref import MLA_TORCH_REF_BACKEND
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest
+from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_greedy, hf_logits, hf_model
+from tests.models.moe_parity import assert_prefix_hit_matches, assert_unassigned_blocks_never_leak
 from tests.models.paged_generation import generate, prefill_logits
 from tests.models.test_hf_parity import NEW_TOKENS, _prompts, _runner
 
@@ -67,45 +68,13 @@ def test_layers_cache_one_latent_per_token(tiny_checkpoint) -> None:
 
 
 def test_garbage_in_unassigned_latent_blocks_never_leaks(tiny_checkpoint) -> None:
-    checkpoint = tiny_checkpoint(V2)
-    runner = _runner(checkpoint, block_size=4)
-    for layer in runner.kv_cache.layers:
-        layer.kv_cache[1:].fill_(float("nan"))
-    hf = hf_model(checkpoint, torch.float32)
-    prompts = _prompts(runner.model_config.vocab_size, lengths=(6, 13), seed=4)
-    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)
-    assert [s.output for s in generate(runner, prompts, params, stagger=1)] == hf_greedy(hf, prompts, 8)
-
-
-def _greedy(runner: ModelRunner, slot: int, prompt: list[int], blocks: list[int], computed: int,
-            free: list[int]) -> list[int]:
-    """Greedy tokens of one request whose first `computed` tokens are already in `blocks` (prefix-cache hits)."""
-    runner.add_request(slot, prompt)
-    block_size, output = runner.cache_config.block_size, []
-    while len(output) < NEW_TOKENS:
-        num_tokens = len(prompt) + len(output)
-        while len(blocks) * block_size < num_tokens:
-            blocks.append(free.pop())
-            runner.clear_blocks(blocks[-1:])
-        request = ScheduledRequest(str(slot), slot, prompt, list(output), computed, num_tokens - computed,
-                                   list(blocks), GREEDY)
-        output += runner.execute([request]).token_ids
-        computed = num_tokens
-    return output
+    assert_unassigned_blocks_never_leak(tiny_checkpoint(V2))
 
 
 def test_a_request_reuses_another_requests_latent_blocks(tiny_checkpoint) -> None:
     """The second request never computes its first 16 tokens: its attention must read them from the
     first request's latent blocks, as a prefix-cache hit does."""
-    checkpoint = tiny_checkpoint(V3)
-    runner = _runner(checkpoint, block_size=4)
-    hf = hf_model(checkpoint, torch.float32)
-    first, tail = _prompts(runner.model_config.vocab_size, lengths=(22, 7), seed=6)
-    second = first[:16] + tail
-    free = list(range(runner.num_blocks - 1, 0, -1))
-    first_blocks: list[int] = []
-    assert _greedy(runner, 0, first, first_blocks, 0, free) == hf_greedy(hf, [first], NEW_TOKENS)[0]
-    assert _greedy(runner, 1, second, first_blocks[:4], 16, free) == hf_greedy(hf, [second], NEW_TOKENS)[0]
+    assert_prefix_hit_matches(tiny_checkpoint(V3), block_size=4, shared_blocks=4)
 
 
 def test_the_expanded_reference_backend_matches_too(tiny_checkpoint) -> None:

@@ -1,14 +1,19 @@
 """Every router preset against a direct transcription of transformers' routing code for that model
-(Mixtral, Qwen2/3-MoE, DeepSeek-V2 greedy and group_limited_greedy, DeepSeek-V3 noaux_tc), on random
+(Mixtral, Qwen2/3-MoE, DeepSeek-V2 greedy and group_limited_greedy, DeepSeek-V3 noaux_tc, DeepSeek-V4's
+sqrtsoftplus top-k and hash routers), on random
 logits and on logits drawn from a coarse grid, so ties between experts and between groups are common."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
+from transformers.activations import ACT2FN
 
 from rapid_llm.layers.moe import RouterConfig, select_experts
+from rapid_llm.layers.moe.router import hashed_experts
 
 TOKENS = 64
 
@@ -50,6 +55,25 @@ def hf_deepseek_v3(logits: torch.Tensor, bias: torch.Tensor, config: transformer
     weights = scores.gather(1, indices)
     if config.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * config.routed_scaling_factor, indices
+
+
+def hf_deepseek_v4(logits: torch.Tensor, bias: torch.Tensor, config: transformers.DeepseekV4Config):
+    """DeepseekV4TopKRouter after its gate matmul."""
+    scores = ACT2FN[config.scoring_func](logits)
+    indices = torch.topk(scores + bias, config.num_experts_per_tok, dim=-1, sorted=False).indices
+    weights = scores.gather(1, indices)
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * config.routed_scaling_factor, indices
+
+
+def hf_deepseek_v4_hash(logits: torch.Tensor, token_ids: torch.Tensor, tid2eid: torch.Tensor,
+                        config: transformers.DeepseekV4Config):
+    """DeepseekV4HashRouter after its gate matmul."""
+    scores = ACT2FN[config.scoring_func](logits)
+    indices = tid2eid[token_ids.reshape(-1)].long()
+    weights = scores.gather(1, indices)
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * config.routed_scaling_factor, indices
 
 
@@ -117,6 +141,46 @@ def test_deepseek_v3_router(tied: bool, norm_topk_prob: bool, n_group: int, topk
     bias = torch.randint(-2, 3, (32,), generator=generator) / 8 if tied else torch.randn(32, generator=generator) / 4
     _check(select_experts(logits, RouterConfig.deepseek_v3(config), bias), hf_deepseek_v3(logits, bias, config),
            exact=not norm_topk_prob or top_k <= 2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("scoring_func", ["sqrtsoftplus", "sigmoid"])
+@pytest.mark.parametrize("top_k", [1, 2, 6])
+def test_deepseek_v4_router(tied: bool, scoring_func: str, top_k: int) -> None:
+    """V4 renormalises whatever norm_topk_prob says, so it is False here."""
+    config = transformers.DeepseekV4Config(n_routed_experts=16, num_experts_per_tok=top_k, scoring_func=scoring_func,
+                                           norm_topk_prob=False, routed_scaling_factor=1.5)
+    logits = _logits(16, tied, top_k)
+    generator = torch.Generator().manual_seed(2)
+    bias = torch.randint(-2, 3, (16,), generator=generator) / 8 if tied else torch.randn(16, generator=generator) / 4
+    _check(select_experts(logits, RouterConfig.deepseek_v4(config), bias), hf_deepseek_v4(logits, bias, config),
+           exact=top_k <= 2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("top_k", [1, 2, 6])
+def test_deepseek_v4_hash_router(tied: bool, top_k: int) -> None:
+    """The table picks the experts (whatever their scores); the scores weight them."""
+    config = transformers.DeepseekV4Config(n_routed_experts=16, num_experts_per_tok=top_k, routed_scaling_factor=2.0)
+    logits = _logits(16, tied, top_k)
+    generator = torch.Generator().manual_seed(3)
+    tid2eid = torch.rand(100, 16, generator=generator).argsort(dim=-1)[:, :top_k]
+    token_ids = torch.randint(0, 100, (TOKENS,), generator=generator)
+    router = dataclasses.replace(RouterConfig.deepseek_v4(config), correction_bias=False)  # as HashRouter keeps it
+    _check(hashed_experts(logits, token_ids, tid2eid, router), hf_deepseek_v4_hash(logits, token_ids, tid2eid, config),
+           exact=top_k <= 2)
+
+
+def test_deepseek_v4_softmax_scoring_is_refused() -> None:
+    with pytest.raises(ValueError, match="scoring_func"):
+        RouterConfig.deepseek_v4(transformers.DeepseekV4Config(scoring_func="softmax"))
+
+
+def test_hash_routing_refuses_a_correction_bias() -> None:
+    config = RouterConfig(4, 1, scoring="sqrtsoftplus", correction_bias=True)
+    with pytest.raises(ValueError, match="tid2eid"):
+        hashed_experts(torch.randn(2, 4), torch.zeros(2, dtype=torch.int64), torch.zeros(8, 1, dtype=torch.int64),
+                       config)
 
 
 def test_bias_only_chooses() -> None:

@@ -21,10 +21,11 @@ from rapid_llm.utils.tiny_checkpoint import (
 )
 
 UNICODE_TEXT = "Hello,  world!\n\tdef f(x): return x ** 2  # café, naïve 日本語のテキスト русский 🦙🚀 e\u0301 \u200b"
-# One per-expert matrix each MoE checkpoint holds under the Hub's name.
+# One per-expert matrix each MoE checkpoint holds under the Hub's name (DeepSeek-V4: DeepSeek's own names).
 EXPERT_MATRIX_NAMES = {"Qwen3MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
                        "Qwen2MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
-                       "MixtralForCausalLM": "model.layers.0.block_sparse_moe.experts.3.w2.weight"}
+                       "MixtralForCausalLM": "model.layers.0.block_sparse_moe.experts.3.w2.weight",
+                       "DeepseekV4ForCausalLM": "model.layers.0.ffn.experts.3.w2.weight"}
 PROMPT_IDS = torch.tensor([[BOS_TOKEN_ID, 40, 41, 300, 301, 7, 8, 9, 450, 10]])
 
 

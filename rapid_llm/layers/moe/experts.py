@@ -5,6 +5,7 @@ up rows, so one GEMM per expert serves both) and w2 [E, H, I]; the loader's shar
 "gate" | "up" | "down"), whatever the checkpoint calls them (see `expert_stacked_params`). Routing happens
 before (router.py), so the op only gathers, computes and sums. Expert and tensor parallelism are not
 built: the layer refuses tp > 1.
+`swiglu_limit` (DeepSeek-V4) clamps gate and up before the activation.
 Usage: `FusedExperts(num_experts, hidden, intermediate)(x [T, H], weights [T, k], expert_ids [T, k])`.
 """
 
@@ -23,11 +24,13 @@ _SHARDS = ("gate", "up", "down")
 class FusedExperts(nn.Module):
     """w13_weight [E, 2I, H] = [gate | up] and w2_weight [E, H, I] of all experts."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 swiglu_limit: float | None = None) -> None:
         super().__init__()
         if get_tp_size() > 1:
             raise NotImplementedError("expert/tensor parallel MoE is not built yet: serve MoE models with --tp 1")
         self.intermediate_size = intermediate_size
+        self.swiglu_limit = swiglu_limit
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
@@ -47,4 +50,7 @@ class FusedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
-        return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight)
+        if self.swiglu_limit is None:
+            return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight)
+        return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight,
+                             self.swiglu_limit)

@@ -2,7 +2,9 @@
 
 Every layer declares one (`kv_cache_spec(dtype)`): full attention keeps K and V per KV head
 ([2, blocks, block_size, kv_heads, head_dim]); MLA keeps one latent vector per token, the compressed
-KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]). All layers share block
+KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]); DeepSeek-V4 one row per token
+holding its shared K=V, its compressors' inputs and, on a window's last token, the compressed entry
+(`DeepseekV4Spec`). All layers share block
 ids, so one block costs the sum of every layer's bytes for it, and the block count a byte budget
 buys follows from that sum. The layout here is the contract between the worker that allocates and
 the backends that read it.
@@ -78,6 +80,40 @@ class MLALatentSpec(KVCacheSpec):
 
     def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.latent_dim)
+
+
+@dataclass(frozen=True)
+class DeepseekV4Spec(KVCacheSpec):
+    """One DeepSeek-V4 row per token: the shared K=V (`head_dim`), then per compressor (the attention's, then
+    the Lightning Indexer's; none on sliding layers) its compressed entry (written only on the last token of
+    a window of `rate` tokens) and the token's raw projected kv and gate ((2 if overlapping else 1) * width
+    each), which windows closing in later steps read back. Paged like every layer, so prefix-cache blocks
+    carry everything a continuation needs."""
+
+    head_dim: int
+    compressor_widths: tuple[int, ...] = ()
+    rate: int = 0
+    overlap: bool = False  # CSA: two series per token, windows of 2 * rate overlapping by `rate`
+    block_dim: ClassVar[int] = 0
+
+    @property
+    def series(self) -> int:
+        return 2 if self.overlap else 1
+
+    def compressor_offsets(self, index: int) -> tuple[int, int, int]:
+        """Column offsets (entry, raw kv, raw gate) of compressor `index` in a row."""
+        offset = self.head_dim
+        for width in self.compressor_widths[:index]:
+            offset += width * (1 + 2 * self.series)
+        width = self.compressor_widths[index]
+        return offset, offset + width, offset + width * (1 + self.series)
+
+    @property
+    def elements_per_token(self) -> int:
+        return self.head_dim + sum(width * (1 + 2 * self.series) for width in self.compressor_widths)
+
+    def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, self.elements_per_token)
 
 
 def bytes_per_block(specs: Sequence[KVCacheSpec], block_size: int) -> int:
