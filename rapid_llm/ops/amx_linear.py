@@ -35,6 +35,8 @@ class AMXLinear(LinearKernel):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if weight.dim() != 3:  # oneDNN's format, or a checkpoint-layout weight (F.linear)
             return ONEDNN_LINEAR(x, weight, bias)
+        if x.dim() == 2 and x.is_contiguous():  # the hot path's activations: no reshape and view back
+            return CPU_OPS.load().amx_linear(x, weight, bias)
         rows = x.reshape(-1, x.shape[-1])
         out = CPU_OPS.load().amx_linear(rows if rows.is_contiguous() else rows.contiguous(), weight, bias)
         return out.view(*x.shape[:-1], out.shape[-1])
