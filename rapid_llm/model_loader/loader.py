@@ -2,13 +2,15 @@
 
 Parameters are created directly on the device in the model dtype, and each checkpoint tensor
 is copied into its parameter once (the copy casts). Every parameter must be filled exactly
-by the checkpoint: missing or unexpected tensors are an error naming them. Then every layer with a
-`prepare_weights` hook puts its weights in the format of the kernel it selects (linear layers).
+by the checkpoint: missing or unexpected tensors are an error naming them, except those the model
+declares in `skipped_checkpoint_keys`, which are never read and summarised in one log line per load.
+Then every layer with a `prepare_weights` hook puts its weights in the format of the kernel it selects.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Iterator
 
@@ -20,11 +22,17 @@ from rapid_llm.layers.weight_utils import default_weight_loader
 from rapid_llm.model_loader.safetensors_files import iterate_tensors
 from rapid_llm.models.weight_mapping import (
     IGNORED_CHECKPOINT_SUFFIXES,
+    SkippedKeys,
     checkpoint_name_of,
     expected_shards,
     map_checkpoint_name,
+    skipped_by,
 )
 from rapid_llm.models import resolve_model_class
+
+logger = logging.getLogger(__name__)
+# How many skipped names the log line shows per declaration.
+SHOWN_NAMES = 3
 
 
 @contextlib.contextmanager
@@ -38,13 +46,30 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def _log_skipped(model: nn.Module, skipped: dict[SkippedKeys, list[str]]) -> None:
+    parts = []
+    for entry, names in skipped.items():
+        shown = ", ".join(names[:SHOWN_NAMES]) + (", ..." if len(names) > SHOWN_NAMES else "")
+        parts.append(f"{len(names)} tensors {entry.keys} ({shown}): {entry.reason}")
+    logger.info("%s skips checkpoint tensors it does not load: %s", type(model).__name__, "; ".join(parts))
+
+
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     stacked = getattr(model, "stacked_params", ())
+    declared = getattr(model, "skipped_checkpoint_keys", ())
     params = dict(model.named_parameters())
     tied_lm_head = getattr(model.config, "tie_word_embeddings", False)
     loaded: dict[str, set[str | int | None]] = {name: set() for name in params}
     unexpected: list[str] = []
-    for name, tensor in iterate_tensors(model_dir):
+    skipped: dict[SkippedKeys, list[str]] = {}
+
+    def wanted(name: str) -> bool:
+        entry = skipped_by(name, declared)
+        if entry is not None:
+            skipped.setdefault(entry, []).append(name)
+        return entry is None
+
+    for name, tensor in iterate_tensors(model_dir, wanted):
         if name.endswith(IGNORED_CHECKPOINT_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):
             continue
         param_name, shard_id = map_checkpoint_name(name, stacked)
@@ -57,6 +82,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
         except (ValueError, RuntimeError) as error:
             raise ValueError(f"checkpoint tensor {name!r}: {error}") from error
         loaded[param_name].add(shard_id)
+    if skipped:
+        _log_skipped(model, skipped)
     if unexpected:
         raise ValueError(f"checkpoint in {model_dir} has weights the model does not use: {', '.join(unexpected)}")
     missing = [

@@ -1,10 +1,10 @@
-"""Find a checkpoint's safetensors files and stream its tensors memory-mapped."""
+"""Find a checkpoint's safetensors files and stream its tensors memory-mapped (only the ones asked for)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -29,10 +29,13 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iterate_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs; tensors are views into the memory-mapped files until copied."""
+def iterate_tensors(model_dir: Path, wanted: Callable[[str], bool] = lambda name: True,
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs for the names `wanted` accepts; tensors are views into the memory-mapped files
+    until copied. Names it refuses are never read (a skipped MTP layer costs no I/O)."""
     files = safetensors_files(model_dir)
     for path in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=None):
         with safe_open(str(path), framework="pt", device="cpu") as shard:
             for name in shard.keys():
-                yield name, shard.get_tensor(name)
+                if wanted(name):
+                    yield name, shard.get_tensor(name)

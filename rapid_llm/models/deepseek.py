@@ -9,6 +9,7 @@ the last `qk_rope_head_dim` dims of q/k are rotated: interleaved pairs (V2 alway
 `mscale_all_dim`, the softmax scale, as transformers does. Layers from `first_k_dense_replace` on are
 mixture-of-experts layers (`SparseMoeBlock.deepseek`: routed experts plus shared experts) with V2's
 softmax router ("greedy" / "group_limited_greedy") or V3's sigmoid one with e_score_correction_bias.
+V3 checkpoints carry MTP layers after the last decoder layer; they are declared skipped (`mtp_checkpoint_keys`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from rapid_llm.layers.mla_attention import MLAAttention
 from rapid_llm.layers.moe import RouterConfig, SparseMoeBlock
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope, yarn_mscale
 from rapid_llm.models.llama import LlamaForCausalLM, LlamaMLP, require_silu
-from rapid_llm.models.weight_mapping import GATE_UP_STACKED_PARAMS, expert_stacked_params
+from rapid_llm.models.weight_mapping import (
+    GATE_UP_STACKED_PARAMS,
+    SkippedKeys,
+    expert_stacked_params,
+    mtp_layer_keys,
+)
 from rapid_llm.ops.attention import MLADims
 
 
@@ -39,6 +45,13 @@ def mla_softmax_scale(config: PretrainedConfig) -> float:
         mscale = yarn_mscale(params["factor"], mscale_all_dim)
         scale *= mscale * mscale
     return scale
+
+
+def mtp_checkpoint_keys(config: PretrainedConfig) -> tuple[SkippedKeys, ...]:
+    """V3's `num_nextn_predict_layers` MTP layers, stored as decoder layers `model.layers.{num_hidden_layers + i}`
+    (a full layer plus embed_tokens, enorm, hnorm, eh_proj, shared_head.norm/head); V2 configs have none."""
+    return mtp_layer_keys(config, "model.layers.{num_hidden_layers + i}.* for i < num_nextn_predict_layers",
+                          r"model\.layers\.", first=config.num_hidden_layers)
 
 
 class KVBProjection(ColumnParallelLinear):
@@ -100,6 +113,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         super().__init__(config)
         # Routed experts' matrices stack into w13/w2; dense and shared-expert MLPs stack gate/up.
         self.stacked_params = expert_stacked_params(config.n_routed_experts) + GATE_UP_STACKED_PARAMS
+        self.skipped_checkpoint_keys = mtp_checkpoint_keys(config)
 
     @staticmethod
     def make_rope(config: PretrainedConfig) -> RotaryEmbedding:

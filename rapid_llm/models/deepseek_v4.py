@@ -5,7 +5,8 @@ compressed KV per `layer_types`), a MoE MLP per layer (`mlp_layer_types`: "moe" 
 sqrt(softplus) scores, "hash_moe" by the checkpoint's token -> experts table), with a clamped-SwiGLU shared
 expert, and hyper-connections (`hc_mult` residual streams, layers/hyper_connection.py) instead of the plain
 residual. Module names follow the checkpoint (DeepSeek's own: attn.wq_a, ffn.experts.{e}.w1, hc_attn_fn...),
-so the weight mapping only stacks experts and renames the few names transformers' layout differs in.
+so the weight mapping only stacks experts and renames the few names transformers' layout differs in. The
+checkpoint's MTP layers (`mtp.{i}.*`) are declared skipped (`mtp_checkpoint_keys`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from rapid_llm.layers.moe import FusedExperts, Router, RouterConfig
 from rapid_llm.layers.moe.router import HashRouter
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.models.llama import require_silu
-from rapid_llm.models.weight_mapping import StackedParam, expert_stacked_params
+from rapid_llm.models.weight_mapping import (
+    SkippedKeys,
+    StackedParam,
+    expert_stacked_params,
+    mtp_layer_keys,
+)
 from rapid_llm.ops.activation import clamped_silu_and_mul
 
 MLP_TYPES = ("moe", "hash_moe")
@@ -112,6 +118,13 @@ def _stacked_params(num_experts: int) -> tuple[StackedParam, ...]:
             + tuple(StackedParam(param, checkpoint, None) for param, checkpoint in renames))
 
 
+def mtp_checkpoint_keys(config: PretrainedConfig) -> tuple[SkippedKeys, ...]:
+    """The `num_nextn_predict_layers` MTP layers, stored apart from the decoder as `mtp.{i}.*` (a decoder layer
+    plus enorm, hnorm, e_proj, h_proj, norm, head and hc_head_*), with or without a `model.` prefix (transformers
+    ignores `mtp.` names under any prefix)."""
+    return mtp_layer_keys(config, "mtp.{i}.* for i < num_nextn_predict_layers", r"(?:model\.)?mtp\.")
+
+
 class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
@@ -119,6 +132,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             raise ValueError("DeepSeek-V4 attention has one shared K=V head: num_key_value_heads must be 1")
         self.config = config
         self.stacked_params = _stacked_params(config.n_routed_experts)
+        self.skipped_checkpoint_keys = mtp_checkpoint_keys(config)
         self.model = DeepseekV4Model(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:

@@ -5,12 +5,17 @@ gate/up into gate_up_proj, every expert's gate/up/down into [E, ...] tensors) as
 and modules its checkpoint names differently as entries without a shard (Mixtral's
 block_sparse_moe.gate -> mlp.gate); everything else maps by identical name. Names match as dotted runs
 of path components; in a checkpoint pattern `{e}` stands for an expert's index, which becomes part of
-the shard id.
+the shard id. Tensors a model knowingly does not load (DeepSeek's MTP layers) are declared as
+`SkippedKeys` with a reason; the loader never reads them and logs what it skipped.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import re
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 EXPERT = "{e}"
 ShardId = str | int | tuple[int, str | int]
@@ -53,6 +58,32 @@ def expert_stacked_params(num_experts: int, checkpoint_module: str = "experts", 
 
 # Non-parameter tensors some older checkpoints carry; they are recomputed, never loaded.
 IGNORED_CHECKPOINT_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+
+class SkippedKeys(NamedTuple):
+    """Checkpoint tensors a model knowingly does not load: names `pattern` matches in full, and why."""
+    keys: str  # the names in words, whatever the config, for logs and docs/models
+    pattern: str  # regular expression for this config, e.g. r"model\.layers\.(61)\..+"
+    reason: str
+
+
+# Issue 15 (speculative decoding) turns the declarations carrying this reason into an MTP module's weights.
+MTP_REASON = "multi-token-prediction (MTP) layers, kept in the checkpoint for speculative decoding (not built yet)"
+
+
+def mtp_layer_keys(config: PretrainedConfig, keys: str, prefix: str, first: int = 0) -> tuple[SkippedKeys, ...]:
+    """The MTP declaration for names `{prefix}{first + i}.*`, i < num_nextn_predict_layers (`prefix` a regular
+    expression); none when the config has no MTP layers (DeepSeek-V2's has no such field)."""
+    count = getattr(config, "num_nextn_predict_layers", 0) or 0
+    if count == 0:
+        return ()
+    indices = "|".join(str(first + i) for i in range(count))
+    return (SkippedKeys(keys, rf"{prefix}({indices})\..+", MTP_REASON),)
+
+
+def skipped_by(name: str, skipped: tuple[SkippedKeys, ...]) -> SkippedKeys | None:
+    """The declaration that skips checkpoint tensor `name`, else None (the tensor must load)."""
+    return next((entry for entry in skipped if re.fullmatch(entry.pattern, name)), None)
 
 
 def _find(parts: list[str], pattern: list[str]) -> tuple[int, int | None] | None:
