@@ -79,25 +79,22 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
 
 
 def build_common_metadata(layout: StepLayout, device: torch.device) -> AttentionMetadata:
-    """Positions, slots and block tables of a step, computed with tensor ops (no loop per token)."""
-    query_lens = torch.tensor(layout.query_lens, dtype=torch.int64, device=device)
-    seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int64, device=device)
+    """Positions, slots and block tables of a step, computed on the host with tensor ops (no loop per token)
+    and then copied to `device`: no device op and no device-to-host read (a CUDA step stays asynchronous)."""
+    query_lens = torch.tensor(layout.query_lens, dtype=torch.int64)
+    seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int64)
     width = max((len(row) for row in layout.block_tables), default=0) or 1
     rows = [list(row) + [0] * (width - len(row)) for row in layout.block_tables]
-    block_tables = torch.tensor(rows, dtype=torch.int64, device=device)
+    block_tables = torch.tensor(rows, dtype=torch.int64).view(len(rows), width)
 
-    query_start_loc = torch.zeros(len(layout.query_lens) + 1, dtype=torch.int64, device=device)
+    query_start_loc = torch.zeros(len(layout.query_lens) + 1, dtype=torch.int64)
     torch.cumsum(query_lens, 0, out=query_start_loc[1:])
-    seq_index = torch.repeat_interleave(torch.arange(len(layout.query_lens), device=device), query_lens)
-    offset_in_query = torch.arange(int(query_start_loc[-1]), device=device) - query_start_loc[seq_index]
+    seq_index = torch.repeat_interleave(torch.arange(len(layout.query_lens)), query_lens)
+    offset_in_query = torch.arange(int(query_start_loc[-1])) - query_start_loc[seq_index]
     positions = (seq_lens - query_lens)[seq_index] + offset_in_query
     block_ids = block_tables[seq_index, positions // layout.block_size]
     slot_mapping = block_ids * layout.block_size + positions % layout.block_size
-    return AttentionMetadata(
-        positions=positions,
-        seq_index=seq_index,
-        slot_mapping=slot_mapping,
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-        block_tables=block_tables,
-    )
+    fields = (positions, seq_index, slot_mapping, seq_lens, query_start_loc, block_tables)
+    if device.type != "cpu":
+        fields = tuple(field.to(device, non_blocking=True) for field in fields)
+    return AttentionMetadata(*fields)
