@@ -74,7 +74,7 @@ register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_m
 _CPU_CPP = {"device": "cpu", "dtype": ["fp32", "bf16", "fp16"], "available": "rapid_llm.ops.cpp.cpu_ops:skip_reason"}
 register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.cpu_paged:CPU_PAGED_BACKEND",
             priority=10, conditions=_CPU_CPP)
-for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"):
+for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store"):
     register_op(name=_op, backend="cpu_cpp", fn=f"rapid_llm.ops.cpp.cpu_fused:{_op}", priority=10, conditions=_CPU_CPP)
 register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_activation:silu_and_mul",
             priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],

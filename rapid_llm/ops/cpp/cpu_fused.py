@@ -1,7 +1,8 @@
-"""The `cpu_cpp` implementations of rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding.
+"""The `cpu_cpp` implementations of rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding and
+kv_cache_store.
 
-Each is one C++ pass (`csrc/fused_elementwise.cpp`) where torch_ref chains 3-9 ATen ops; at decode sizes
-those ops cost mostly dispatch, so fusing them is what pays. Same signatures and rounding points as the
+Each is one C++ pass (`csrc/fused_elementwise.cpp`, `csrc/kv_cache_store.cpp`) where torch_ref chains 3-9
+ATen ops; at decode sizes those ops cost mostly dispatch, so fusing them is what pays. Same signatures and rounding points as the
 torch references; inputs are viewed as [rows, width] with contiguous rows (a merged qkv's q/k slices are).
 Usage: chosen by priority on a CPU, or `--op-backend rms_norm=cpu_cpp`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rapid_llm.ops.attention.backend import write_kv_cache
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
 from rapid_llm.ops.tensor_rows import rows_of
 
@@ -49,3 +51,10 @@ def rotary_embedding(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
     rotated_query, rotated_key = CPU_OPS.load().rotary_embedding(
         rows_of(query.reshape(rows, -1)), rows_of(key.reshape(rows, -1)), cos, sin, head_dim, rotary_dim, is_neox_style)
     return rotated_query.view(query.shape), rotated_key.view(key.shape)
+
+
+def kv_cache_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:  # the reference casts; this one copies rows
+        write_kv_cache(key, value, kv_cache, slot_mapping)
+        return
+    CPU_OPS.load().kv_cache_store(key, value, kv_cache, slot_mapping)

@@ -1,5 +1,5 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp,
-// fused_elementwise.cpp and amx_linear.cpp (one module, so one build and one load serve every CPU op).
+// fused_elementwise.cpp, kv_cache_store.cpp and amx_linear.cpp (one module, so one build and one load serve every CPU op).
 #include <torch/extension.h>
 
 #include <vector>
@@ -15,6 +15,8 @@ torch::Tensor silu_and_mul(const torch::Tensor& x);
 std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const torch::Tensor& key,
                                             const torch::Tensor& cos, const torch::Tensor& sin, int64_t head_dim,
                                             int64_t rotary_dim, bool is_neox_style);
+void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& kv_cache,
+                    const torch::Tensor& slot_mapping);
 bool amx_linear_supported();
 torch::Tensor amx_pack_weight(const torch::Tensor& weight);
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
@@ -25,6 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("fused_add_rms_norm", &fused_add_rms_norm, "(rms_norm(x + residual), x + residual)");
   module.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of [rows, 2 * width]");
   module.def("rotary_embedding", &rotary_embedding, "Rotary embedding of query and key rows");
+  module.def("kv_cache_store", &kv_cache_store, "New K/V rows into their cache slots");
   module.def("amx_linear_supported", &amx_linear_supported, "Whether amx_linear runs here (AMX built and granted)");
   module.def("amx_pack_weight", &amx_pack_weight, "A bf16 [out, in] weight in amx_linear's layout");
   module.def("amx_linear", &amx_linear, "x W^T + b over an amx_pack_weight weight (bf16)");
