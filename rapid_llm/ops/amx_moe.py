@@ -1,11 +1,12 @@
-"""The `cpu_amx` fused_moe: the torch reference's expert loop with each GEMM through the cpu_amx linear kernel.
+"""The `cpu_amx` fused_moe: stacked experts packed once for the cpu_amx linear kernel, one C++ call per layer.
 
 `prepare` packs every expert once into amx_linear's layout, stacked: w13 [E, 2I/16, H/2, 32] and
-w2 [E, H/16, I/2, 32], so `w13[e]` is a contiguous packed weight. The reference instead calls oneDNN /
-F.linear on checkpoint-layout slices, paying a reorder and ~20 µs of call overhead per expert per step.
-Rounding points are the reference's (moe.py `expert_loop`): each GEMM rounded to bf16, silu_and_mul, the
-routing weight in its own dtype, index_add_ in expert order; only the GEMMs' fp32 summation order differs.
-Widths that are not multiples of 32 keep the checkpoint layout and the reference. `swiglu_limit` works.
+w2 [E, H/16, I/2, 32], so `w13[e]` is a contiguous packed weight. A call is csrc/amx_moe.cpp: the
+reference's expert loop (gather, GEMM, silu_and_mul, GEMM, weighted scatter-add) in C++, since its ~10 ATen
+calls per expert cost 4-5x the GEMMs at decode sizes. Rounding points are the reference's (moe.py), so
+only the GEMMs' fp32 summation order differs from it. With `swiglu_limit` (DeepSeek-V4) the loop stays in
+Python (`expert_loop`, still over the packed GEMMs). Widths that are not multiples of 32 keep the checkpoint
+layout and the reference.
 Usage: chosen by priority on AMX CPUs for bf16 models, or `--op-backend fused_moe=cpu_amx`.
 """
 
@@ -26,7 +27,7 @@ def _packed(weights: torch.Tensor) -> torch.Tensor:
     return torch.stack([pack(weight) for weight in weights])
 
 
-def _amx_linear(rows: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def packed_linear(rows: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return CPU_OPS.load().amx_linear(rows, packed, None)
 
 
@@ -40,7 +41,10 @@ class AMXMoE(MoEKernel):
                  w13: torch.Tensor, w2: torch.Tensor, swiglu_limit: float | None = None) -> torch.Tensor:
         if w13.dim() != _PACKED_DIMS:
             return reference_fused_moe(hidden_states, topk_weights, topk_ids, w13, w2, swiglu_limit)
-        return expert_loop(hidden_states, topk_weights, topk_ids, w13, w2, swiglu_limit, _amx_linear)
+        if swiglu_limit is not None:
+            return expert_loop(hidden_states, topk_weights, topk_ids, w13, w2, swiglu_limit, packed_linear)
+        rows = hidden_states if hidden_states.is_contiguous() else hidden_states.contiguous()
+        return CPU_OPS.load().amx_fused_moe(rows, topk_weights, topk_ids, w13, w2)
 
 
 AMX_MOE = AMXMoE()

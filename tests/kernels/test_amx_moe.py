@@ -1,7 +1,8 @@
 """The `cpu_amx` fused_moe against the torch reference in bf16: uneven expert loads, experts without tokens,
-one token, top-k 1 to 4, fp32 (Mixtral) and bf16 (Qwen) routing weights, swiglu_limit; the fallback for
-widths that are not multiples of 32; idempotent packing; FusedExperts.prepare_weights. Skips where the CPU
-or OS does not run AMX-BF16 / AVX512-BF16 code."""
+one token, top-k 1 to 4, fp32 (Mixtral) and bf16 (Qwen) routing weights, swiglu_limit; the C++ loop bit for
+bit against the Python loop over the same packed GEMMs (same rounding points); the fallback for widths that
+are not multiples of 32; idempotent packing; FusedExperts.prepare_weights. Skips where the CPU or OS does
+not run AMX-BF16 / AVX512-BF16 code."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 
 from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.ops.amx_linear import amx_missing
-from rapid_llm.ops.amx_moe import AMX_MOE
-from rapid_llm.ops.moe import TORCH_MOE, fused_moe
+from rapid_llm.ops.amx_moe import AMX_MOE, packed_linear
+from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
+from rapid_llm.ops.moe import TORCH_MOE, expert_loop, fused_moe
 from rapid_llm.ops.registry import REGISTRY
 
 pytestmark = pytest.mark.skipif(amx_missing("cpu", "bfloat16") is not None,
@@ -50,6 +52,31 @@ def test_matches_the_reference(tokens: int, top_k: int, used_experts: int, weigh
     got = AMX_MOE(x, topk_weights, topk_ids, *packed)
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     torch.testing.assert_close(got, fused_moe(x, topk_weights, topk_ids, w13, w2), **TOLERANCE)
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16], ids=["fp32-weights", "bf16-weights"])
+@pytest.mark.parametrize(("tokens", "top_k", "used_experts"), [(1, 2, 8), (7, 3, 4), (50, 2, 8)])
+def test_the_cpp_loop_rounds_where_the_python_loop_does(tokens: int, top_k: int, used_experts: int,
+                                                        weights_dtype: torch.dtype) -> None:
+    w13, w2 = AMX_MOE.prepare(*_weights(64, 64, seed=tokens))
+    topk_weights, topk_ids = _routing(tokens, top_k, used_experts, weights_dtype, seed=tokens)
+    x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(11)).bfloat16()
+    python_loop = expert_loop(x, topk_weights, topk_ids, w13, w2, None, packed_linear)
+    assert torch.equal(AMX_MOE(x, topk_weights, topk_ids, w13, w2), python_loop)
+    wide = torch.cat([x, x], dim=1)[:, :64]  # a strided view: the kernel takes a contiguous copy
+    assert torch.equal(AMX_MOE(wide, topk_weights, topk_ids, w13, w2), python_loop)
+
+
+def test_the_cpp_loop_rejects_bad_arguments() -> None:
+    w13, w2 = AMX_MOE.prepare(*_weights(64, 32, seed=10))
+    x, weights, ids = torch.randn(3, 64).bfloat16(), torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int64)
+    kernel = CPU_OPS.load().amx_fused_moe
+    with pytest.raises(RuntimeError, match="outside"):
+        kernel(x, weights, ids + EXPERTS, w13, w2)
+    with pytest.raises(RuntimeError, match="must both be"):
+        kernel(x, weights[:, :1], ids, w13, w2)
+    with pytest.raises(RuntimeError, match="stacked"):
+        kernel(x, weights, ids, w13[0], w2)
 
 
 def test_swiglu_limit_matches_the_reference() -> None:
