@@ -6,6 +6,8 @@
 // widened exactly) is an fp32 product rounded to bf16, and each add into the output rounds, in expert order.
 #include <torch/extension.h>
 
+#include "bf16_bits.h"
+
 #include <cstring>
 #include <vector>
 
@@ -30,6 +32,15 @@ void sort_slots(const int64_t* expert_ids, int64_t slots, int64_t experts, std::
   std::vector<int64_t> next(starts.begin(), starts.end() - 1);
   order.resize(slots);
   for (int64_t slot = 0; slot < slots; ++slot) order[next[expert_ids[slot]]++] = slot;
+}
+
+// target += bf16(source * weight), each add rounded to bf16 (the reference's mul, .to and index_add_).
+void add_weighted_row(const uint16_t* source, float weight, uint16_t* target, int64_t n) {
+#pragma omp simd
+  for (int64_t h = 0; h < n; ++h) {
+    const float product = bf16_bits_to_float(float_to_bf16_bits(bf16_bits_to_float(source[h]) * weight));
+    target[h] = float_to_bf16_bits(bf16_bits_to_float(target[h]) + product);
+  }
 }
 
 }  // namespace
@@ -67,12 +78,8 @@ torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_we
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t slot = order[begin + row];
       const float weight = weight_data[slot];
-      at::BFloat16* target = out_data + slot / top_k * hidden;
-      const at::BFloat16* source = down_data + row * hidden;
-      for (int64_t h = 0; h < hidden; ++h) {
-        const at::BFloat16 product(static_cast<float>(source[h]) * weight);
-        target[h] = at::BFloat16(static_cast<float>(target[h]) + static_cast<float>(product));
-      }
+      add_weighted_row(reinterpret_cast<const uint16_t*>(down_data + row * hidden), weight,
+                       reinterpret_cast<uint16_t*>(out_data + slot / top_k * hidden), hidden);
     }
   }
   return out;
