@@ -28,7 +28,11 @@ register_op(name="linear", backend="onednn", fn="rapid_llm.ops.onednn_linear:ONE
 register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP32_LINEAR", priority=10,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
                         "available": "rapid_llm.ops.cpu_half:half_kernels_missing"})
-register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:fused_moe")
+# fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
+# expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
+register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")
+register_op(name="fused_moe", backend="cpu_amx", fn="rapid_llm.ops.amx_moe:AMX_MOE", priority=30,
+            conditions={"device": "cpu", "dtype": ["bf16"], "available": "rapid_llm.ops.amx_linear:amx_missing"})
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Sampling: the sort-based reference and the topk one (same kept set; faster wherever the kept set is a
 # small part of the vocabulary, i.e. top-k, or a nucleus inside its candidates).
@@ -65,7 +69,7 @@ register_op(name="kv_cache_store", backend="triton", fn="rapid_llm.ops.triton.kv
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.triton_backend:TRITON_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
-register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_moe:fused_moe",
+register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_moe:TRITON_MOE",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them

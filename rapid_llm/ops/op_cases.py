@@ -174,6 +174,12 @@ def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{t}, {h}] {e} experts top-{k} inter {i}")
 
 
+def _fused_moe_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The expert weights in the kernel's own format, as FusedExperts holds them (rapid_llm/ops/moe_kernel.py)."""
+    x, topk_weights, topk_ids, w13, w2 = args
+    return (x, topk_weights, topk_ids, *kernel.prepare(w13, w2))
+
+
 # Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one
 # batch different filters: none, k=1, a tiny p, k with p, p alone.
 _FILTER_ROWS = {
@@ -287,7 +293,7 @@ OP_CASES: dict[str, OpCase] = {
     "rotary_embedding": OpCase(_rotary_embedding, variants=("full", "partial", "gptj", "gptj-partial")),
     "linear": OpCase(_linear, variants=("qkv", "o", "gate_up", "down"), prepare=_linear_prepared),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
-    "fused_moe": OpCase(_fused_moe),
+    "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
                                  why_dtypes="the sampler filters float32 logits", exact=True),
     "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),

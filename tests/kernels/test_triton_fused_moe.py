@@ -127,4 +127,4 @@ def test_rejects_mismatched_shapes_and_dtypes() -> None:
 
 
 def test_registered_for_cuda() -> None:
-    assert REGISTRY.implementation("fused_moe", "triton", "cuda", "bfloat16").fn is triton_moe.fused_moe
+    assert REGISTRY.implementation("fused_moe", "triton", "cuda", "bfloat16").fn is triton_moe.TRITON_MOE

@@ -6,10 +6,15 @@ decode, and block sizes do not divide the prompt lengths.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.layers.moe.experts import FusedExperts
+from rapid_llm.ops.amx_linear import amx_missing
+from rapid_llm.ops.amx_moe import AMX_MOE
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner
@@ -45,7 +50,23 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
     """bf16 has 8 mantissa bits, so the two engines' different GEMM groupings (merged qkv, batched
     attention) round differently. Our error against the float32 reference must stay within twice
     transformers' own bf16 error against it (plus a 0.05 floor for near-zero cases)."""
-    checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
+    _assert_bfloat16_no_worse_than_transformers(tiny_checkpoint(architecture, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(amx_missing("cpu", "bfloat16") is not None, reason=f"cpu_amx: {amx_missing('cpu', 'bfloat16')}")
+@pytest.mark.parametrize(("architecture", "widths"), [("Qwen3MoeForCausalLM", {"moe_intermediate_size": 64}),
+                                                      ("Qwen2MoeForCausalLM", {"moe_intermediate_size": 64}),
+                                                      ("MixtralForCausalLM", {"intermediate_size": 64})])
+def test_bfloat16_cpu_amx_experts_no_worse_than_transformers(tiny_checkpoint, architecture: str,
+                                                              widths: dict[str, int]) -> None:
+    """Expert widths that are multiples of 32, so the experts run cpu_amx's packed weights (bf16 Qwen routing
+    weights, fp32 Mixtral ones)."""
+    runner = _assert_bfloat16_no_worse_than_transformers(tiny_checkpoint(architecture, dtype=torch.bfloat16, **widths))
+    experts = [module for module in runner.model.modules() if isinstance(module, FusedExperts)]
+    assert experts and all(module.kernel is AMX_MOE and module.w13_weight.dim() == 4 for module in experts)
+
+
+def _assert_bfloat16_no_worse_than_transformers(checkpoint: Path) -> ModelRunner:
     runner = _runner(checkpoint, block_size=16)
     assert runner.model_config.dtype == torch.bfloat16
     hf_bf16, hf_fp32 = hf_model(checkpoint, torch.bfloat16), hf_model(checkpoint, torch.float32)
@@ -54,6 +75,7 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
         reference = hf_logits(hf_fp32, prompt)
         hf_error = (hf_logits(hf_bf16, prompt) - reference).abs().max().item()
         assert (ours - reference).abs().max().item() <= 2 * hf_error + 0.05
+    return runner
 
 
 @pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)

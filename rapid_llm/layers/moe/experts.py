@@ -5,7 +5,9 @@ up rows, so one GEMM per expert serves both) and w2 [E, H, I]; the loader's shar
 "gate" | "up" | "down"), whatever the checkpoint calls them (see `expert_stacked_params`). Routing happens
 before (router.py), so the op only gathers, computes and sums. Expert and tensor parallelism are not
 built: the layer refuses tp > 1.
-`swiglu_limit` (DeepSeek-V4) clamps gate and up before the activation.
+After loading, `prepare_weights` selects the fused_moe kernel (rapid_llm/ops/moe_kernel.py) and stores both
+tensors in its format (cpu_amx packs them), as linear layers do. `swiglu_limit` (DeepSeek-V4) clamps gate
+and up before the activation.
 Usage: `FusedExperts(num_experts, hidden, intermediate)(x [T, H], weights [T, k], expert_ids [T, k])`.
 """
 
@@ -14,9 +16,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rapid_llm import ops
 from rapid_llm.distributed import get_tp_size
 from rapid_llm.layers.weight_utils import copy_weight
+from rapid_llm.ops.moe import TORCH_MOE
+from rapid_llm.ops.moe_kernel import MoEKernel
+from rapid_llm.ops.registry import REGISTRY
 
 _SHARDS = ("gate", "up", "down")
 
@@ -31,6 +35,7 @@ class FusedExperts(nn.Module):
             raise NotImplementedError("expert/tensor parallel MoE is not built yet: serve MoE models with --tp 1")
         self.intermediate_size = intermediate_size
         self.swiglu_limit = swiglu_limit
+        self.kernel: MoEKernel = TORCH_MOE  # until prepare_weights: the checkpoint layout
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
@@ -48,9 +53,18 @@ class FusedExperts(nn.Module):
             target = target.narrow(0, 0 if shard == "gate" else rows, rows)
         copy_weight(target, loaded)
 
+    def prepare_weights(self) -> None:
+        """Once, after loading: pick the fused_moe kernel and put both weights in its format (from then on
+        w13_weight / w2_weight may be in that format, not the checkpoint's). A second call does nothing."""
+        if self.kernel is not TORCH_MOE:
+            return
+        self.kernel = REGISTRY.select("fused_moe", self.w13_weight.device, self.w13_weight.dtype).fn
+        w13, w2 = self.kernel.prepare(self.w13_weight.data, self.w2_weight.data)
+        self.w13_weight = nn.Parameter(w13, requires_grad=False)
+        self.w2_weight = nn.Parameter(w2, requires_grad=False)
+
     def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
         if self.swiglu_limit is None:
-            return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight)
-        return ops.fused_moe(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight,
-                             self.swiglu_limit)
+            return self.kernel(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight)
+        return self.kernel(hidden_states, topk_weights, topk_ids, self.w13_weight, self.w2_weight, self.swiglu_limit)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from rapid_llm import ops
+from rapid_llm.ops.moe_kernel import CheckpointLayoutMoE
 from rapid_llm.ops.tensor_rows import rows_of
 from rapid_llm.ops.triton.attention_common import dot_operands
 from rapid_llm.ops.triton.launch import warps_for
@@ -128,3 +129,6 @@ def fused_moe(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids:
     _sum_kernel[(tokens, triton.cdiv(hidden, block))](slot_out, order, out, hidden, TOP_K=top_k, BLOCK=block,
                                                       num_warps=warps_for(block))
     return out
+
+
+TRITON_MOE = CheckpointLayoutMoE(fused_moe)

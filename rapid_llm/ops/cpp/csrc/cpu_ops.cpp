@@ -1,5 +1,5 @@
-// The Python module of the CPU op extension: binds the kernels of paged_attention.cpp,
-// fused_elementwise.cpp, kv_cache_store.cpp and amx_linear.cpp (one module, so one build and one load serve every CPU op).
+// The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, fused_elementwise.cpp,
+// kv_cache_store.cpp, amx_linear.cpp and amx_moe.cpp (one module, so one build and one load serve every CPU op).
 #include <torch/extension.h>
 
 #include <vector>
@@ -20,6 +20,8 @@ void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch:
 bool amx_linear_supported();
 torch::Tensor amx_pack_weight(const torch::Tensor& weight);
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
+torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
+                            const torch::Tensor& w13, const torch::Tensor& w2);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
@@ -31,4 +33,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("amx_linear_supported", &amx_linear_supported, "Whether amx_linear runs here (AMX built and granted)");
   module.def("amx_pack_weight", &amx_pack_weight, "A bf16 [out, in] weight in amx_linear's layout");
   module.def("amx_linear", &amx_linear, "x W^T + b over an amx_pack_weight weight (bf16)");
+  module.def("amx_fused_moe", &amx_fused_moe, "fused_moe over stacked amx_pack_weight experts (bf16)");
 }

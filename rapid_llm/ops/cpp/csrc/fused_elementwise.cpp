@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "bf16_bits.h"
 #include "exp_poly.h"
 
 #include <cmath>
@@ -23,22 +24,6 @@
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
-
-inline float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
-
-// Round to nearest even, as c10::BFloat16 does; any NaN becomes the quiet NaN (rounding could carry
-// a NaN's payload into the exponent).
-inline uint16_t float_to_bf16_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>(value != value ? 0x7FC0u : rounded);
-}
 
 // Widen n values of T to fp32, narrow fp32 to T, and round fp32 to T's precision in place.
 template <typename T>
