@@ -37,10 +37,10 @@ def _weights(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, to
 
 
 def _check(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-           w2: torch.Tensor) -> None:
-    out = triton_moe.fused_moe(x, topk_weights, topk_ids, w13, w2)
+           w2: torch.Tensor, swiglu_limit: float | None = None) -> None:
+    out = triton_moe.fused_moe(x, topk_weights, topk_ids, w13, w2, swiglu_limit)
     assert out.dtype == x.dtype and out.shape == x.shape
-    torch.testing.assert_close(out, moe.fused_moe(x, topk_weights, topk_ids, w13, w2),
+    torch.testing.assert_close(out, moe.fused_moe(x, topk_weights, topk_ids, w13, w2, swiglu_limit),
                                **TOLERANCES[x.dtype])
 
 
@@ -67,6 +67,16 @@ def test_uneven_loads_and_experts_without_tokens(triton_device: torch.device, dt
     x = torch.randn(40, HIDDEN, device=triton_device).to(dtype_)
     topk_ids = torch.stack([torch.full((40,), 4), torch.arange(40) % 3 // 2], dim=1).to(triton_device, torch.int32)
     _check(x, torch.rand(40, 2, device=triton_device), topk_ids, *_weights(dtype_, triton_device))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_swiglu_limit_clamps_as_the_reference_does(triton_device: torch.device, dtype: str) -> None:
+    """DeepSeek-V4's clamp of gate and up before the activation; a limit of 0.5 clamps most values here."""
+    torch.manual_seed(3)
+    dtype_ = dtype_from_name(dtype)
+    x = torch.randn(9, HIDDEN, device=triton_device).mul(4).to(dtype_)
+    values, topk_ids = torch.randn(9, EXPERTS, device=triton_device).topk(2, dim=-1)
+    _check(x, values.softmax(dim=-1), topk_ids, *_weights(dtype_, triton_device), swiglu_limit=0.5)
 
 
 def test_every_expert_for_every_token(triton_device: torch.device) -> None:

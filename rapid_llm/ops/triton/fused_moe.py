@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from rapid_llm import ops
+from rapid_llm.ops.activation import clamped_silu_and_mul
 from rapid_llm.ops.moe_kernel import CheckpointLayoutMoE
 from rapid_llm.ops.tensor_rows import rows_of
 from rapid_llm.ops.triton.attention_common import dot_operands
@@ -110,7 +111,7 @@ def _check(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: to
 
 
 def fused_moe(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-              w2: torch.Tensor) -> torch.Tensor:
+              w2: torch.Tensor, swiglu_limit: float | None = None) -> torch.Tensor:
     _check(hidden_states, topk_weights, topk_ids, w13, w2)
     tokens, hidden = hidden_states.shape
     top_k, num_slots = topk_ids.shape[1], topk_ids.numel()
@@ -121,7 +122,8 @@ def fused_moe(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids:
     gate_up = hidden_states.new_empty(num_slots, w13.shape[1])
     _grouped_gemm(rows_of(hidden_states), w13, gate_up, sorted_slots, block_experts, top_k, None, block_m)
     slot_out = hidden_states.new_empty(num_slots, hidden)
-    _grouped_gemm(ops.silu_and_mul(gate_up), w2, slot_out, sorted_slots, block_experts, 1, topk_weights.flatten(),
+    activated = ops.silu_and_mul(gate_up) if swiglu_limit is None else clamped_silu_and_mul(gate_up, swiglu_limit)
+    _grouped_gemm(activated, w2, slot_out, sorted_slots, block_experts, 1, topk_weights.flatten(),
                   block_m)
     out = hidden_states.new_empty(tokens, hidden)
     block = min(_SUM_BLOCK, triton.next_power_of_2(hidden))
