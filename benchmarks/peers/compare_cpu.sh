@@ -49,9 +49,11 @@ for name in sys.argv[2].split():
         build_tiny_checkpoint(root / name, architecture, dtype=torch.bfloat16, max_position_embeddings=2048, **shape)
 PY
 
+# Wait for the server (pid $1) to answer /health; fail at once if it exits (a model it cannot load).
 wait_healthy() {
     for _ in $(seq 1 600); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+        kill -0 "$1" 2>/dev/null || { echo "the server on port $PORT exited before becoming healthy" >&2; return 1; }
         sleep 0.5
     done
     echo "server on port $PORT never became healthy" >&2
@@ -76,7 +78,12 @@ for model in $MODELS; do
             benchmarks/peers/serve_vllm_cpu.sh "$dir" "$PORT" >"$OUT/vllm-$model.log" 2>&1 &
         fi
         server=$!
-        wait_healthy
+        if ! wait_healthy "$server"; then
+            echo "skipping $system on $model (its log: $OUT/vllm-$model.log or above)" >&2
+            kill -TERM "$server" 2>/dev/null || true
+            wait "$server" || true
+            continue
+        fi
         for concurrency in 1 8; do
             python3 benchmarks/bench_serving.py --backend openai --base-url "http://127.0.0.1:$PORT" \
                 --model "$dir" --dataset-name random --random-input-len 128 --random-output-len 64 \
