@@ -40,7 +40,8 @@ register_op(name="top_k_top_p_filter", backend="torch_topk", fn="rapid_llm.ops.t
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
 # MLA (DeepSeek-V2/V3) caches one latent per token: its implementations are MLABackends
 # (rapid_llm/ops/attention/mla_backend.py), selected once like attention's. A model uses one of the two ops.
-# torch_absorbed folds kv_b_proj into the decode queries (no expansion of the history) and is the default.
+# torch_absorbed folds kv_b_proj into the decode queries (no expansion of the history): the default on CPU;
+# on CUDA the Triton one (below) absorbs every token.
 register_op(name="mla_attention", backend=REFERENCE, fn="rapid_llm.ops.attention.mla_torch_ref:MLA_TORCH_REF_BACKEND")
 register_op(name="mla_attention", backend="torch_absorbed",
             fn="rapid_llm.ops.attention.mla_absorbed:MLA_ABSORBED_BACKEND", priority=10)
@@ -66,6 +67,8 @@ register_op(name="kv_cache_store", backend="triton", fn="rapid_llm.ops.triton.kv
 register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.triton_backend:TRITON_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_moe:fused_moe",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="mla_attention", backend="triton", fn="rapid_llm.ops.attention.mla_triton:TRITON_MLA_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
