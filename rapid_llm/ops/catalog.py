@@ -83,11 +83,13 @@ register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_
             priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
                                      "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
 # Optional libraries, as thin adapters onto their public APIs (untested without the library and a GPU):
-# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here yet:
-# it would be an `mla_attention` backend (V is a prefix of the shared latent K cache), weight-absorbed.
+# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. flash_mla takes the decodes
+# of the Triton MLA backend (chunks stay on its kernel), so it needs triton too; block size 64 only.
 register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.flash_attn:FLASH_ATTN_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
 register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=7.5", "dtype": ["bf16", "fp16"], "lib": "flashinfer"})
+register_op(name="mla_attention", backend="flash_mla", fn="rapid_llm.ops.attention.flash_mla:FLASH_MLA_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=9.0", "dtype": ["bf16", "fp16"], "lib": "flash_mla"})
 register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:DEEP_GEMM_LINEAR", priority=-10,
             conditions={"device": "cuda", "sm": ">=9.0", "dtype": "bf16", "lib": "deep_gemm"})
