@@ -44,7 +44,8 @@ register_op(name="top_k_top_p_filter", backend="torch_topk", fn="rapid_llm.ops.t
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")
 # MLA (DeepSeek-V2/V3) caches one latent per token: its implementations are MLABackends
 # (rapid_llm/ops/attention/mla_backend.py), selected once like attention's. A model uses one of the two ops.
-# torch_absorbed folds kv_b_proj into the decode queries (no expansion of the history) and is the default.
+# torch_absorbed folds kv_b_proj into the decode queries (no expansion of the history): the default on CPU;
+# on CUDA the Triton one (below) absorbs every token.
 register_op(name="mla_attention", backend=REFERENCE, fn="rapid_llm.ops.attention.mla_torch_ref:MLA_TORCH_REF_BACKEND")
 register_op(name="mla_attention", backend="torch_absorbed",
             fn="rapid_llm.ops.attention.mla_absorbed:MLA_ABSORBED_BACKEND", priority=10)
@@ -71,6 +72,8 @@ register_op(name="attention", backend="triton", fn="rapid_llm.ops.attention.trit
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_moe:TRITON_MOE",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="mla_attention", backend="triton", fn="rapid_llm.ops.attention.mla_triton:TRITON_MLA_BACKEND",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
 # then and turns a missing toolchain or a failed build into a skip reason.
@@ -84,11 +87,13 @@ register_op(name="silu_and_mul", backend="cuda_cpp", fn="rapid_llm.ops.cpp.cuda_
             priority=10, conditions={"device": "cuda", "dtype": ["fp32", "bf16", "fp16"],
                                      "available": "rapid_llm.ops.cpp.cuda_activation:skip_reason"})
 # Optional libraries, as thin adapters onto their public APIs (untested without the library and a GPU):
-# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. FlashMLA is not here yet:
-# it would be an `mla_attention` backend (V is a prefix of the shared latent K cache), weight-absorbed.
+# below torch_ref, so they are opt-in (--op-backend) until a GPU check verifies them. flash_mla takes the decodes
+# of the Triton MLA backend (chunks stay on its kernel), so it needs triton too; block size 64 only.
 register_op(name="attention", backend="flash_attn", fn="rapid_llm.ops.attention.flash_attn:FLASH_ATTN_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=8.0", "dtype": ["bf16", "fp16"], "lib": "flash_attn"})
 register_op(name="attention", backend="flashinfer", fn="rapid_llm.ops.attention.flashinfer:FLASHINFER_BACKEND",
             priority=-10, conditions={"device": "cuda", "sm": ">=7.5", "dtype": ["bf16", "fp16"], "lib": "flashinfer"})
+register_op(name="mla_attention", backend="flash_mla", fn="rapid_llm.ops.attention.flash_mla:FLASH_MLA_BACKEND",
+            priority=-10, conditions={"device": "cuda", "sm": ">=9.0", "dtype": ["bf16", "fp16"], "lib": "flash_mla"})
 register_op(name="linear", backend="deep_gemm", fn="rapid_llm.ops.deep_gemm_linear:DEEP_GEMM_LINEAR", priority=-10,
             conditions={"device": "cuda", "sm": ">=9.0", "dtype": "bf16", "lib": "deep_gemm"})

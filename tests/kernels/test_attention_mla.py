@@ -32,12 +32,13 @@ def naive_mla(query: torch.Tensor, latents: torch.Tensor, kv_b_weight: torch.Ten
     return naive_attention(query, keys, value, context_len, SCALE, None)
 
 
-def _run(backend: MLABackend, shapes: Sequence[tuple[int, int]], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """shapes: per sequence (context already cached, new tokens). Returns (output, naive, cache)."""
+def _run(backend: MLABackend, shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
+         device: torch.device = CPU) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """shapes: per sequence (context already cached, new tokens). Returns (output, naive, cache), on the CPU."""
     kv_b_weight = torch.randn(HEADS * (DIMS.qk_nope_head_dim + DIMS.v_head_dim), DIMS.kv_lora_rank).to(dtype)
 
     num_blocks = sum(-(-(c + n) // BLOCK_SIZE) for c, n in shapes) + 3
-    cache = MLALatentSpec(dtype, DIMS.kv_lora_rank, DIMS.qk_rope_head_dim).allocate(num_blocks, BLOCK_SIZE, CPU)
+    cache = MLALatentSpec(dtype, DIMS.kv_lora_rank, DIMS.qk_rope_head_dim).allocate(num_blocks, BLOCK_SIZE, device)
     cache.zero_()
     free = torch.randperm(num_blocks).tolist()
     tables = [[free.pop() for _ in range(-(-(c + n) // BLOCK_SIZE))] for c, n in shapes]
@@ -47,13 +48,14 @@ def _run(backend: MLABackend, shapes: Sequence[tuple[int, int]], dtype: torch.dt
         prefill = StepLayout([shapes[i][0] for i in cached], [shapes[i][0] for i in cached],
                              [tables[i] for i in cached], BLOCK_SIZE)
         context = torch.cat([latents[i][: shapes[i][0]] for i in cached])
-        backend.forward(torch.randn(len(context), HEADS, DIMS.qk_head_dim).to(dtype), context, cache,
-                                      kv_b_weight, DIMS, backend.build_metadata(prefill, CPU), SCALE)
+        backend.forward(torch.randn(len(context), HEADS, DIMS.qk_head_dim).to(dtype).to(device), context.to(device),
+                        cache, kv_b_weight.to(device), DIMS, backend.build_metadata(prefill, device), SCALE)
     layout = StepLayout([n for _, n in shapes], [c + n for c, n in shapes], tables, BLOCK_SIZE)
     query = torch.randn(layout.num_tokens, HEADS, DIMS.qk_head_dim).to(dtype)
     new = torch.cat([latent[c:] for latent, (c, _) in zip(latents, shapes)])
-    output = backend.forward(query, new, cache, kv_b_weight, DIMS,
-                                           backend.build_metadata(layout, CPU), SCALE)
+    output = backend.forward(query.to(device), new.to(device), cache, kv_b_weight.to(device), DIMS,
+                             backend.build_metadata(layout, device), SCALE).cpu()
+    cache = cache.cpu()
     expected, start = [], 0
     for (context_len, num_new), latent in zip(shapes, latents):
         expected.append(naive_mla(query[start : start + num_new], latent, kv_b_weight, context_len))

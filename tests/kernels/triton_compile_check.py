@@ -16,7 +16,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from rapid_llm.ops.triton import activation, attention_decode, attention_prefill, fused_moe, kv_cache, norm, rotary
+from rapid_llm.ops.triton import (activation, attention_decode, attention_prefill, fused_moe, kv_cache, mla_attention,
+                                   norm, rotary)
 
 SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
 # Arguments the launch sees 16-divisible at model shapes, which Triton's specialisation marks: whether a GEMM's
@@ -69,6 +70,12 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
             (f"decode merge {dtype}", attention_decode._merge_kernel, dtype, {"BLOCK_S": 16, "BLOCK_D": 128}, splits,
              {"num_warps": 1}),
         ]
+    # MLA at DeepSeek-V2/V3 widths (kv_lora_rank 512, rope 64), with the tiles the wrapper picks per dtype.
+    for dtype, dot, precision, element_size in (("bf16", tl.bfloat16, "tf32", 2), ("fp32", tl.float32, "ieee", 4)):
+        block_m, block_n = mla_attention.tile_sizes(element_size)
+        cases.append((f"mla {dtype}", mla_attention._mla_kernel, dtype,
+                      {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_C": 512, "BLOCK_R": 64, "DOT_DTYPE": dot,
+                       "PRECISION": precision}, floats, {"num_warps": 8, "num_stages": 2}))
     return cases
 
 

@@ -1,4 +1,4 @@
-"""FlashAttention, FlashInfer and DeepGEMM adapters: selected when their library is installed and the device
+"""FlashAttention, FlashInfer, DeepGEMM and FlashMLA adapters: selected when their library is installed and the device
 conditions hold, skipped with "optional library ... is not installed" otherwise.
 
 The libraries are stand-in packages written to a temporary folder on sys.path, and the GPU is a registry with
@@ -21,12 +21,15 @@ STAND_INS = {
     "flashinfer": "class BatchPrefillWithPagedKVCacheWrapper:\n    def __init__(self, *args, **kwargs):\n"
                   "        raise RuntimeError('stand-in')\n",
     "deep_gemm": "def bf16_gemm_nt(*args, **kwargs):\n    raise RuntimeError('stand-in')\n",
+    "flash_mla": "def get_mla_metadata(*args, **kwargs):\n    raise RuntimeError('stand-in')\n\n\n"
+                 "flash_mla_with_kvcache = get_mla_metadata\n",
 }
 # (op, backend, dtype, adapter module, attribute the selection returns)
 ADAPTERS = [
     ("attention", "flash_attn", "bf16", "rapid_llm.ops.attention.flash_attn", "FLASH_ATTN_BACKEND"),
     ("attention", "flashinfer", "fp16", "rapid_llm.ops.attention.flashinfer", "FLASHINFER_BACKEND"),
     ("linear", "deep_gemm", "bf16", "rapid_llm.ops.deep_gemm_linear", "DEEP_GEMM_LINEAR"),
+    ("mla_attention", "flash_mla", "bf16", "rapid_llm.ops.attention.flash_mla", "FLASH_MLA_BACKEND"),
 ]
 
 
@@ -78,6 +81,11 @@ def test_by_priority_they_stay_behind_torch_ref_and_conditions_still_apply() -> 
     with pytest.raises(NoImplementationError, match="deep_gemm .*needs sm >=9.0, the device is sm 8.0"):
         registry.select("linear", "cuda", "bf16")
     assert fake_gpu_registry("attention", (9, 0)).select("attention", "cpu", "bf16").backend != "flash_attn"
+    mla = fake_gpu_registry("mla_attention", (8, 0))
+    assert mla.select("mla_attention", "cuda", "bf16").backend == "triton"  # the default on CUDA, not flash_mla
+    mla.set_overrides({"mla_attention": "flash_mla"})
+    with pytest.raises(NoImplementationError, match="flash_mla .*needs sm >=9.0, the device is sm 8.0"):
+        mla.select("mla_attention", "cuda", "bf16")
 
 
 @pytest.mark.usefixtures("absent")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rapid_llm.ops.attention.mla_backend import MLADims
+from rapid_llm.ops.attention.mla_backend import MLADims, absorption_weights
 from rapid_llm.ops.attention.mla_torch_ref import TorchMLABackend, latent_history
 from rapid_llm.ops.attention.torch_ref import PaddedGroup
 from rapid_llm.ops.cpu_half import compute_dtype
@@ -28,8 +28,7 @@ class AbsorbedMLABackend(TorchMLABackend):
             return super().attend_group(query, kv_cache, kv_b_weight, dims, group, scale)
         compute = compute_dtype(query.device, query.dtype)
         num_heads = query.shape[1]
-        per_head = kv_b_weight.to(compute).view(num_heads, dims.qk_nope_head_dim + dims.v_head_dim, dims.kv_lora_rank)
-        key_rows, value_rows = per_head.split([dims.qk_nope_head_dim, dims.v_head_dim], dim=1)
+        key_rows, value_rows = absorption_weights(kv_b_weight, dims, num_heads, compute)
         query_nope, query_rope = group.pad_queries(query).to(compute).split(
             [dims.qk_nope_head_dim, dims.qk_rope_head_dim], dim=-1)
         # [Bg, H, 1, nope] x [H, nope, L] -> [Bg, H, 1, L]: the query in latent space.

@@ -66,3 +66,12 @@ class MLABackend(ABC):
 def write_latent_cache(latent: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter the step's latents into their cache slots."""
     kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, slot_mapping, latent.to(kv_cache.dtype))
+
+
+def absorption_weights(kv_b_weight: torch.Tensor, dims: MLADims, num_heads: int,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b_proj's per-head nope-key rows W_UK [H, qk_nope, kv_lora_rank] and value rows W_UV [H, v, kv_lora_rank],
+    in `dtype`: what a weight-absorbed backend folds into the query and the output."""
+    per_head = kv_b_weight.to(dtype).view(num_heads, dims.qk_nope_head_dim + dims.v_head_dim, dims.kv_lora_rank)
+    key_rows, value_rows = per_head.split([dims.qk_nope_head_dim, dims.v_head_dim], dim=1)
+    return key_rows, value_rows
