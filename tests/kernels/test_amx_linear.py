@@ -60,3 +60,20 @@ def test_a_weight_not_from_the_packer_is_refused() -> None:
     x, _, _ = _case(1, 64, 32, False)
     with pytest.raises(RuntimeError, match="amx_pack_weight"):
         CPU_OPS.load().amx_linear(x, torch.zeros(2, 32, 16, dtype=torch.bfloat16), None)
+    with pytest.raises(RuntimeError, match="amx_pack_weight"):  # 16 inputs: not whole 32-input steps
+        CPU_OPS.load().amx_linear(torch.zeros(1, 16, dtype=torch.bfloat16), torch.zeros(2, 8, 32, dtype=torch.bfloat16),
+                                  None)
+
+
+def test_no_rows_and_bad_bias() -> None:
+    _, weight, _ = _case(1, 64, 64, False)
+    packed = AMX_LINEAR.prepare(weight)
+    assert AMX_LINEAR(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 64)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        CPU_OPS.load().amx_linear(torch.zeros(2, 64, dtype=torch.bfloat16), packed, torch.zeros(1))
+
+
+def test_packed_shapes_the_packer_cannot_make_are_refused() -> None:
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="amx_pack_weight"):  # 48 outputs: not whole 32-output tiles
+        CPU_OPS.load().amx_linear(x, torch.zeros(3, 32, 32, dtype=torch.bfloat16), None)

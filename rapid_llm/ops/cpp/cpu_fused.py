@@ -53,8 +53,13 @@ def rotary_embedding(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
     return rotated_query.view(query.shape), rotated_key.view(key.shape)
 
 
+def _copies_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """[tokens, heads, dim] with each token's heads contiguous, in the cache's dtype: what the C++ copy takes."""
+    return x.dtype == kv_cache.dtype and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
 def kv_cache_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:  # the reference casts; this one copies rows
+    if not (_copies_rows(key, kv_cache) and _copies_rows(value, kv_cache)):  # the reference casts and gathers
         write_kv_cache(key, value, kv_cache, slot_mapping)
         return
     CPU_OPS.load().kv_cache_store(key, value, kv_cache, slot_mapping)

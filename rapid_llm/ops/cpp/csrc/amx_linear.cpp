@@ -27,9 +27,11 @@ constexpr int64_t kOutputsPerBlock = 16;  // one AVX-512 fp32 vector, one AMX ti
 constexpr int64_t kInputsPerStep = 32;    // one AMX tile's depth (16 input pairs)
 constexpr int64_t kRowsPerTile = 16;
 
+// Exactly the shapes amx_pack_weight makes: the tile loops step 32 outputs and 32 inputs at a time.
 void check_packed(const torch::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kOutputsPerBlock && packed.scalar_type() == at::kBFloat16 &&
-                  packed.is_contiguous(),
+                  packed.is_contiguous() && packed.device().is_cpu() && packed.size(0) % 2 == 0 &&
+                  packed.size(1) % (kInputsPerStep / 2) == 0,
               "amx_linear: the weight must come from amx_pack_weight");
 }
 
@@ -220,10 +222,14 @@ torch::Tensor amx_pack_weight(const torch::Tensor& weight) {
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
   check_packed(packed);
   const int64_t K = packed.size(1) * 2, N = packed.size(0) * kOutputsPerBlock;
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "amx_linear: x must be contiguous bf16 [rows, ", K, "]");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
+                  x.device().is_cpu(),
+              "amx_linear: x must be contiguous CPU bf16 [rows, ", K, "]");
+  TORCH_CHECK(!bias.has_value() || !bias->defined() || (bias->dim() == 1 && bias->numel() == N),
+              "amx_linear: the bias must be [", N, "]");
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;  // an empty tile configuration would fault
 #ifdef RAPID_LLM_HAS_AMX
   TORCH_CHECK(tile_state_granted(), "amx_linear: the kernel did not grant this process AMX tile state");
   torch::Tensor bias_fp32;
@@ -239,7 +245,7 @@ torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, co
     one_row_linear(x_data, K, weight, N, bias_data, out_data);
   } else if (M <= kRowsPerTile) {
     few_rows_linear(x_data, M, K, weight, N, bias_data, out_data);
-  } else if (M > 0) {
+  } else {
     many_rows_linear(x_data, M, K, weight, N, bias_data, out_data);
   }
   return out;

@@ -47,8 +47,10 @@ void add_weighted_row(const uint16_t* source, float weight, uint16_t* target, in
 
 torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
                             const torch::Tensor& w13, const torch::Tensor& w2) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "amx_fused_moe: x must be contiguous bf16 [tokens, hidden]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.device().is_cpu() &&
+                  w13.device().is_cpu() && w2.device().is_cpu() && topk_ids.device().is_cpu() &&
+                  topk_weights.device().is_cpu(),
+              "amx_fused_moe: x must be contiguous CPU bf16 [tokens, hidden], every input on the CPU");
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_ids.scalar_type() == at::kLong &&
                   topk_weights.sizes() == topk_ids.sizes(),
               "amx_fused_moe: topk_ids (int64) and topk_weights must both be [tokens, top_k]");

@@ -10,15 +10,16 @@
 
 void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& kv_cache,
                     const torch::Tensor& slot_mapping) {
-  TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
-              "kv_cache_store: the cache must be a contiguous [2, blocks, block_size, heads, dim] tensor");
+  TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.device().is_cpu() &&
+                  key.device().is_cpu() && value.device().is_cpu() && slot_mapping.device().is_cpu(),
+              "kv_cache_store: the cache must be a contiguous CPU [2, blocks, block_size, heads, dim] tensor");
   TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type(),
               "kv_cache_store: key and value must have the cache's dtype");
   TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.stride(2) == 1 && value.stride(2) == 1 &&
                   key.stride(1) == key.size(2) && value.stride(1) == value.size(2),
               "kv_cache_store: key/value must be [tokens, heads, dim] with contiguous rows");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
-              "kv_cache_store: slot_mapping must be contiguous int64");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.dim() == 1,
+              "kv_cache_store: slot_mapping must be a contiguous int64 vector");
   const int64_t tokens = key.size(0), row_elements = kv_cache.size(3) * kv_cache.size(4);
   TORCH_CHECK(key.size(1) * key.size(2) == row_elements && value.size(1) * value.size(2) == row_elements &&
                   slot_mapping.size(0) == tokens && value.size(0) == tokens,
