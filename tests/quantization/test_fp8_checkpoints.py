@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.layers.linear import LinearBase
 from rapid_llm.quantization.fp8_math import dequantize_weight, quantize_weight
-from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES, build_tiny_checkpoint
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_logits
 from tests.models.paged_generation import prefill_logits
@@ -198,3 +199,12 @@ def test_online_fp8_leaves_mla_kv_b_proj_in_the_model_dtype(tmp_path: Path) -> N
     error = _max_error(runner, reference_model(source, weights, Format("row")))
     print(f"DeepSeek-V3 fp8-rowwise: max |logit error| {error:.2e}")
     assert error <= LOGIT_ATOL
+
+
+@pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
+def test_online_fp8_runs_every_architecture(tiny_checkpoint, architecture: str) -> None:
+    """Every model family builds, loads and runs with its linear layers in fp8 (experts stay in the model dtype)."""
+    runner = _runner(tiny_checkpoint(architecture), "fp8-rowwise")
+    layers = [module for module in runner.model.modules() if isinstance(module, LinearBase)]
+    assert any(layer.weight.dtype == torch.float8_e4m3fn for layer in layers)
+    assert all(torch.isfinite(logits).all() for logits in prefill_logits(runner, list(PROMPTS)))
