@@ -22,6 +22,8 @@ from rapid_llm.ops.attention.backend import StepLayout
 from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
 from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
+from rapid_llm.ops.fp8_linear import Fp8LinearSpec
+from rapid_llm.quantization.fp8_math import quantize_weight
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,6 @@ def _linear(config: CaseConfig, variant: str) -> OpInputs:
 
 def _fp8_linear(config: CaseConfig, variant: str) -> OpInputs:
     """The gate_up projection's weight quantized to FP8 in one format; "static" uses a per-tensor input_scale."""
-    from rapid_llm.ops.fp8_linear import Fp8LinearSpec
-    from rapid_llm.quantization.fp8_math import quantize_weight
-
     inputs, t = _Inputs(config), config.num_tokens
     d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
     block = {"block128": (128, 128), "block32": (32, 32), "block32-ue8m0": (32, 32)}.get(variant)
