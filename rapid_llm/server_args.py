@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import rapid_llm
 
 from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
+from rapid_llm.quantization.registry import online_names
 
 DEFAULT_PORT = 30000
 MAX_PORT = 65535
@@ -47,6 +48,11 @@ class ServerArgs:
     port: int = field(default=DEFAULT_PORT, metadata={"help": "HTTP port."})
     dtype: str = field(default="auto", metadata={"help": "Model dtype: auto (the checkpoint's), float32, "
                        "bfloat16 or float16."})
+    quantization: str | None = field(default=None, metadata={"help": "Quantize the weights of a bf16/fp32 "
+                                     "checkpoint after loading (FP8 e4m3, W8A8 with dynamic activations): "
+                                     + ", ".join(online_names()) + " (per-tensor; per-row; 128x128 or 32x32 blocks; "
+                                     "-ue8m0: power-of-two scales). FP8 checkpoints (quant_method fp8 or "
+                                     "fbgemm_fp8) load as quantized without it. See docs/quantization.md."})
     max_model_len: int | None = field(default=None, metadata={"help": "Longest prompt + output in tokens "
                                       "(default: what the model supports)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests running in one step."})
@@ -165,7 +171,8 @@ class ServerArgs:
 
         op_backends = self.op_backends()
         device = DeviceConfig(self.device)
-        model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code)
+        model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
+                                            self.quantization)
         check_supported(model.architecture)
         cache = CacheConfig(
             block_size=self.block_size,

@@ -32,6 +32,7 @@ class EngineConfig:
             "served_model_name": self.served_model_name,
             "architecture": self.model.architecture,
             "dtype": self.model.dtype_name,
+            "quantization": None if self.model.quantization is None else self.model.quantization.summary(),
             "max_model_len": self.model.max_model_len,
             "device": self.device.type,
             "op_backends": self.op_backends,

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rapid_llm.config.dtypes import dtype_from_name, dtype_name
 from rapid_llm.models.registry import refusal_reason
+from rapid_llm.quantization.base import QuantizationConfig
+from rapid_llm.quantization.registry import resolve_quantization
 
 if TYPE_CHECKING:
     import torch
@@ -143,6 +145,8 @@ class ModelConfig:
     max_model_len: int
     eos_token_ids: tuple[int, ...]
     trust_remote_code: bool = False
+    # The checkpoint's quantization_config or the --quantization method (rapid_llm/quantization/); None: none.
+    quantization: QuantizationConfig | None = None
 
     @classmethod
     def from_pretrained(
@@ -151,8 +155,11 @@ class ModelConfig:
         dtype: str | torch.dtype = "auto",
         max_model_len: int | None = None,
         trust_remote_code: bool = False,
+        quantization: str | None = None,
     ) -> "ModelConfig":
-        checkpoint = CheckpointFields.of(_read_config_json(model))
+        values = _read_config_json(model)
+        checkpoint = CheckpointFields.of(values)
+        quantization_config = resolve_quantization(getattr(values, "quantization_config", None), quantization)
         if dtype == "auto":
             resolved_dtype = dtype_name(checkpoint.declared_dtype or "float32", "checkpoint dtype")
         else:
@@ -168,7 +175,7 @@ class ModelConfig:
                 f"max_position_embeddings and rope scaling); lower --max-model-len to at most {supported_len}"
             )
         return cls(model, checkpoint, resolved_dtype, max_model_len,
-                   _eos_token_ids(Path(model), checkpoint.eos_token_ids), trust_remote_code)
+                   _eos_token_ids(Path(model), checkpoint.eos_token_ids), trust_remote_code, quantization_config)
 
     @cached_property
     def hf_config(self) -> PretrainedConfig:

@@ -52,6 +52,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
         self.kernel = TORCH_LINEAR
+        self.linear_method = None  # read by the borrowed prepare_weights: the LM head is never quantized
 
     prepare_weights = LinearBase.prepare_weights
 

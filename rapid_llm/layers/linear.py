@@ -5,7 +5,9 @@ layers shard the input features and all-reduce. Merged layers (q/k/v, gate/up) h
 checkpoint matrices stacked in one weight so one GEMM serves them all; their `weight_loader`
 takes a `shard_id` saying which slice a checkpoint tensor fills. After loading, `prepare_weights`
 selects the layer's linear kernel (the "linear" op, for the weight's device and dtype) and stores
-the weight in that kernel's format (rapid_llm/ops/linear_kernel.py); quantized formats plug in there.
+the weight in that kernel's format (rapid_llm/ops/linear_kernel.py). A quantized layer gets a linear method
+(rapid_llm/quantization/linear_method.py) before loading: it swaps in the checkpoint's quantized parameters,
+and its `prepare` installs the kernel that reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rapid_llm.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from rapid_llm.ops.linear_kernel import TORCH_LINEAR, LinearKernel
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.layers.weight_utils import copy_weight, default_weight_loader
+from rapid_llm.quantization.linear_method import LinearMethod
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -35,6 +38,7 @@ class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
         self.kernel: LinearKernel = TORCH_LINEAR  # until prepare_weights: the checkpoint layout
+        self.linear_method: LinearMethod | None = None  # None: the weight stays in the model dtype
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -46,10 +50,27 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         default_weight_loader(param, loaded, shard_id)
 
+    def shard_ids(self) -> tuple[str | int | None, ...]:
+        """The shard ids checkpoint tensors load with (None: one unstacked matrix)."""
+        return (None,)
+
+    def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
+        """(first row in this rank's weight, rows, first row in the checkpoint tensor) a shard fills; quantized
+        formats slice their per-row and per-block scales with it too."""
+        return 0, self.weight.shape[0], 0
+
+    def set_linear_method(self, method: LinearMethod) -> None:
+        """Before loading: let `method` own the weight format (it creates the parameters the checkpoint fills)."""
+        self.linear_method = method
+        method.create_weights(self)
+
     def prepare_weights(self) -> None:
         """Once, after loading: pick the kernel and put the weight in its format (from then on `weight` is
         in that format, e.g. oneDNN's opaque layout, not the checkpoint's). A second call does nothing."""
         if self.kernel is not TORCH_LINEAR:
+            return
+        if self.linear_method is not None:
+            self.linear_method.prepare(self)
             return
         self.kernel = select_linear_kernel(self.weight)
         self.weight = nn.Parameter(self.kernel.prepare(self.weight.data), requires_grad=False)
@@ -65,9 +86,13 @@ class ColumnParallelLinear(LinearBase):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         super().__init__(input_size, _divide(output_size, self.tp_size, "output features"), bias)
 
+    def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
+        rows = self.weight.shape[0]
+        return 0, rows, self.tp_rank * rows
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        rows = param.shape[0]
-        copy_weight(param.data, loaded.narrow(0, self.tp_rank * rows, rows))
+        start, rows, source = self.output_slice(shard_id)
+        copy_weight(param.data.narrow(0, start, rows), loaded.narrow(0, source, rows))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -77,12 +102,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def shard_ids(self) -> tuple[str | int | None, ...]:
+        return tuple(range(len(self.output_sizes)))
+
+    def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(f"merged linear shard_id must be in [0, {len(self.output_sizes)}), got {shard_id!r}")
         rows = self.output_sizes[shard_id] // self.tp_size
-        start = sum(self.output_sizes[:shard_id]) // self.tp_size
-        copy_weight(param.data.narrow(0, start, rows), loaded.narrow(0, self.tp_rank * rows, rows))
+        return sum(self.output_sizes[:shard_id]) // self.tp_size, rows, self.tp_rank * rows
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -102,7 +129,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
         super().__init__(hidden_size, output_size, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def shard_ids(self) -> tuple[str | int | None, ...]:
+        return ("q", "k", "v")
+
+    def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
         q_rows, kv_rows = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
             start, rows, source_index = 0, q_rows, self.tp_rank
@@ -111,7 +141,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             rows, source_index = kv_rows, self.tp_rank // self.kv_replicas
         else:
             raise ValueError(f"qkv shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
-        copy_weight(param.data.narrow(0, start, rows), loaded.narrow(0, source_index * rows, rows))
+        return start, rows, source_index * rows
 
 
 class RowParallelLinear(LinearBase):
@@ -121,12 +151,17 @@ class RowParallelLinear(LinearBase):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         super().__init__(_divide(input_size, self.tp_size, "input features"), output_size, bias)
 
+    def input_slice(self) -> tuple[int, int]:
+        """(first column in the checkpoint tensor, columns) this rank's weight holds."""
+        cols = self.weight.shape[1]
+        return self.tp_rank * cols, cols
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         if param.dim() == 1:
             default_weight_loader(param, loaded, shard_id)
             return
-        cols = param.shape[1]
-        copy_weight(param.data, loaded.narrow(1, self.tp_rank * cols, cols))
+        source, cols = self.input_slice()
+        copy_weight(param.data, loaded.narrow(1, source, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Bias after the reduce, so it is added once rather than once per rank.

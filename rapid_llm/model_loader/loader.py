@@ -4,7 +4,9 @@ Parameters are created directly on the device in the model dtype, and each check
 is copied into its parameter once (the copy casts). Every parameter must be filled exactly
 by the checkpoint: missing or unexpected tensors are an error naming them, except those the model
 declares in `skipped_checkpoint_keys`, which are never read and summarised in one log line per load.
-Then every layer with a `prepare_weights` hook puts its weights in the format of the kernel it selects.
+A quantized model's linear layers get their quantization's parameters between building and loading
+(rapid_llm/quantization/apply.py). Then every layer with a `prepare_weights` hook puts its weights in the
+format of the kernel it selects.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rapid_llm.models.weight_mapping import (
     skipped_by,
 )
 from rapid_llm.models import resolve_model_class
+from rapid_llm.quantization.apply import quantize_model
 
 logger = logging.getLogger(__name__)
 # How many skipped names the log line shows per declaration.
@@ -100,6 +103,8 @@ def load_model(model_config: ModelConfig, device: torch.device) -> nn.Module:
     model_class = resolve_model_class(model_config.architecture)
     with torch.device(device), default_dtype(model_config.dtype):
         model = model_class(model_config.hf_config)
+        if model_config.quantization is not None:
+            quantize_model(model, model_config.quantization)
     load_weights(model, Path(model_config.model))
     for module in model.modules():
         if hasattr(module, "prepare_weights"):

@@ -28,6 +28,9 @@ register_op(name="linear", backend="onednn", fn="rapid_llm.ops.onednn_linear:ONE
 register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP32_LINEAR", priority=10,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
                         "available": "rapid_llm.ops.cpu_half:half_kernels_missing"})
+# fp8_linear(x, fp8 weight, scales, input_scale, spec, bias): FP8 weight formats (rapid_llm/quantization/fp8_linear.py
+# binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype.
+register_op(name="fp8_linear", backend=REFERENCE, fn="rapid_llm.ops.fp8_linear:fp8_linear")
 # fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
 # expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")

@@ -22,6 +22,8 @@ from rapid_llm.ops.attention.backend import StepLayout
 from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
 from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
+from rapid_llm.ops.fp8_linear import Fp8LinearSpec
+from rapid_llm.quantization.fp8_math import quantize_weight
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,21 @@ def _linear(config: CaseConfig, variant: str) -> OpInputs:
     d_in, d_out, bias = _linear_dims(config.shape, variant)
     args = (inputs.randn(t, d_in), inputs.randn(d_out, d_in, scale=d_in**-0.5), inputs.randn(d_out) if bias else None)
     return OpInputs(args, f"[{t}, {d_in}] x [{d_out}, {d_in}]" + (" + bias" if bias else ""))
+
+
+def _fp8_linear(config: CaseConfig, variant: str) -> OpInputs:
+    """The gate_up projection's weight quantized to FP8 in one format; "static" uses a per-tensor input_scale."""
+    inputs, t = _Inputs(config), config.num_tokens
+    d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
+    block = {"block128": (128, 128), "block32": (32, 32), "block32-ue8m0": (32, 32)}.get(variant)
+    ue8m0 = variant.endswith("ue8m0")
+    weight, scale = quantize_weight(inputs.randn(d_out, d_in, scale=d_in**-0.5, dtype=torch.float32), block, ue8m0,
+                                    per_row=variant == "row")
+    x = inputs.randn(t, d_in)
+    input_scale = (x.float().abs().amax() / 448).reshape(()) if variant == "static" else None
+    spec = Fp8LinearSpec(block, variant == "static", block[1] if block else None, ue8m0)
+    args = (x, weight.to(config.device), scale.to(config.device), input_scale, spec, inputs.randn(d_out))
+    return OpInputs(args, f"[{t}, {d_in}] x fp8 [{d_out}, {d_in}] {variant}")
 
 
 def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
@@ -292,6 +309,7 @@ OP_CASES: dict[str, OpCase] = {
     "silu_and_mul": OpCase(_silu_and_mul),
     "rotary_embedding": OpCase(_rotary_embedding, variants=("full", "partial", "gptj", "gptj-partial")),
     "linear": OpCase(_linear, variants=("qkv", "o", "gate_up", "down"), prepare=_linear_prepared),
+    "fp8_linear": OpCase(_fp8_linear, variants=("tensor", "row", "static", "block128", "block32", "block32-ue8m0")),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),

@@ -1,0 +1,8 @@
+"""Every built-in quantization method, registered once (a new method = its files + one call here)."""
+
+from __future__ import annotations
+
+from rapid_llm.quantization.fp8_config import ONLINE_FP8, parse_fbgemm_fp8, parse_fp8
+from rapid_llm.quantization.registry import register_quantization
+
+register_quantization(checkpoint={"fp8": parse_fp8, "fbgemm_fp8": parse_fbgemm_fp8}, online=dict(ONLINE_FP8))
