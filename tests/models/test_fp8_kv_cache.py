@@ -1,7 +1,7 @@
 """`--kv-cache-dtype fp8` end to end on a tiny random Llama and the trained demo model: logits and greedy tokens
 beside a bf16 cache (bf16 models, scales 1.0), twice the
 tokens in the same memory, checkpoint k_scale/v_scale reaching attention, and the refusals (nvfp4, MLA,
-a pinned backend that cannot read fp8)."""
+a pinned backend that cannot read fp8). Both CPU backends (torch_ref, cpu_paged) read fp8."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from transformers import AutoTokenizer
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.ops.attention import torch_ref
+from rapid_llm.ops.attention.cpu_paged import CpuPagedBackend
+from rapid_llm.ops.attention.torch_ref import TORCH_REF_BACKEND
+from rapid_llm.ops.cpp.cpu_ops import skip_reason
 from rapid_llm.ops.attention.kv_quant import FP8_KV_DTYPE, KVScales
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.demo_checkpoint import DEMO_ROOT
@@ -26,10 +29,12 @@ NEW_TOKENS = 32
 HELD_OUT = Path(__file__).resolve().parents[2] / "tools" / "demo_model" / "data" / "held_out.txt"
 
 
-def _runner(checkpoint: Path, cache_dtype: str, **cache: object) -> ModelRunner:
+def _runner(checkpoint: Path, cache_dtype: str, op_backends: dict[str, str] | None = None,
+            **cache: object) -> ModelRunner:
     config = ModelConfig.from_pretrained(str(checkpoint), dtype="bfloat16")
     cache = cache or {"num_blocks": 64}
-    return ModelRunner(config, CacheConfig(block_size=16, cache_dtype=cache_dtype, **cache), DeviceConfig("cpu"))
+    return ModelRunner(config, CacheConfig(block_size=16, cache_dtype=cache_dtype, **cache), DeviceConfig("cpu"),
+                       op_backends=op_backends)
 
 
 def _prompts(vocab_size: int) -> list[list[int]]:
@@ -52,13 +57,16 @@ def _compare(bf16: ModelRunner, fp8: ModelRunner, prompts: list[list[int]]) -> t
     return differences.max().item(), differences.mean().item(), agree
 
 
-def test_random_tiny_llama_with_an_fp8_cache_beside_bf16(tiny_checkpoint) -> None:
+@pytest.mark.parametrize("attention", ["torch_ref", "cpu_paged"])
+def test_random_tiny_llama_with_an_fp8_cache_beside_bf16(tiny_checkpoint, attention: str) -> None:
     """A random model is chaotic: fp8's rounding (|K|, |V| ~1, max 6: in range at scale 1.0) moves its logits
     (mean |logit| 1.3) by 0.11 on average, 1.19 at most, and greedy paths part after 5-12 tokens."""
-    checkpoint = tiny_checkpoint()
-    bf16, fp8 = _runner(checkpoint, "auto"), _runner(checkpoint, "fp8")
+    if attention == "cpu_paged" and skip_reason("cpu", "bfloat16") is not None:
+        pytest.skip(str(skip_reason("cpu", "bfloat16")))
+    checkpoint, backends = tiny_checkpoint(), {"attention": attention}
+    bf16, fp8 = _runner(checkpoint, "auto", backends), _runner(checkpoint, "fp8", backends)
     assert fp8.kv_cache.layers[0].kv_cache.dtype == FP8_KV_DTYPE
-    assert fp8.op_choices["attention"]["backend"] == "torch_ref"  # cpu_paged reads float caches only
+    assert fp8.op_choices["attention"]["backend"] == attention
     prompts = _prompts(bf16.model_config.vocab_size)
     largest, mean, agree = _compare(bf16, fp8, prompts)
     assert largest < 2.0 and mean < 0.2, (largest, mean)
@@ -103,7 +111,7 @@ def test_checkpoint_kv_scales_reach_attention(tiny_checkpoint, tmp_path, monkeyp
     seen: list[KVScales] = []
     write = torch_ref.write_kv_cache_fp8
     monkeypatch.setattr(torch_ref, "write_kv_cache_fp8", lambda *args: seen.append(args[-1]) or write(*args))
-    runner = _runner(checkpoint, "fp8")
+    runner = _runner(checkpoint, "fp8", {"attention": "torch_ref"})
     assert [spec.kv_scales for spec in runner.kv_cache.specs] == [KVScales(0.25, 0.5), KVScales(2.0, 4.0)]
     prefill_logits(runner, [[11, 12, 13]])
     assert seen == [KVScales(0.25, 0.5), KVScales(2.0, 4.0)]
@@ -117,7 +125,12 @@ def test_refusals(tiny_checkpoint) -> None:
         CacheConfig(cache_dtype="nvfp4")
     with pytest.raises(ValueError, match="full attention only"):
         _runner(tiny_checkpoint("DeepseekV2ForCausalLM"), "fp8")
-    config = ModelConfig.from_pretrained(str(tiny_checkpoint()), dtype="bfloat16")
+
+
+def test_a_backend_that_cannot_read_fp8_gives_way_to_torch_ref_unless_pinned(tiny_checkpoint, monkeypatch) -> None:
+    """As the CUDA backends do (triton, flash_attn, flashinfer): here cpu_paged made to decline fp8."""
+    monkeypatch.setattr(CpuPagedBackend, "supports_fp8_kv", False)
+    runner = _runner(tiny_checkpoint(), "fp8", num_blocks=8)
+    assert runner.op_choices["attention"]["backend"] == "torch_ref" and runner.backend is TORCH_REF_BACKEND
     with pytest.raises(ValueError, match="does not read an fp8 KV cache"):
-        ModelRunner(config, CacheConfig(num_blocks=8, cache_dtype="fp8"), DeviceConfig("cpu"),
-                    op_backends={"attention": "cpu_paged"})
+        _runner(tiny_checkpoint(), "fp8", {"attention": "cpu_paged"}, num_blocks=8)
