@@ -65,7 +65,9 @@ class ServerArgs:
                                       "--kv-cache-memory)."})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Share of GPU memory for weights and "
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
-    kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype (auto = model dtype)."})
+    kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype: auto (= model "
+                                "dtype), a float dtype, or fp8 (= fp8_e4m3: quantized per layer with the checkpoint's "
+                                "k_scale/v_scale, else 1.0; twice bf16's tokens). nvfp4 is not built yet."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})

@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # what vLLM's CPU backend reserves by default
+# Quantized KV caches (ops/attention/kv_quant.py), vLLM's spellings; "fp8" is e4m3.
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+NOT_BUILT_KV_CACHE_DTYPES = ("nvfp4", "fp8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,15 @@ class CacheConfig:
             raise ValueError(f"--num-kv-blocks must be at least 1, got {self.num_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.cache_dtype != "auto":
+        if self.cache_dtype in NOT_BUILT_KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype {self.cache_dtype} is not built yet; use auto, "
+                             f"{' or '.join(FP8_KV_CACHE_DTYPES)} (e4m3) or a float dtype")
+        if self.cache_dtype != "auto" and self.cache_dtype not in FP8_KV_CACHE_DTYPES:
             dtype_name(self.cache_dtype, "--kv-cache-dtype")
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        if self.cache_dtype in FP8_KV_CACHE_DTYPES:
+            from rapid_llm.ops.attention.kv_quant import FP8_KV_DTYPE
+
+            return FP8_KV_DTYPE
         return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")

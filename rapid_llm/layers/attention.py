@@ -17,6 +17,7 @@ from torch import nn
 
 from rapid_llm.ops.attention import AttentionMetadata
 from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec
+from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv
 
 
 class PagedAttentionLayer(nn.Module, ABC):
@@ -61,9 +62,13 @@ class Attention(PagedAttentionLayer):
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        # Per-tensor fp8 KV-cache scales: the checkpoint's k_scale/v_scale when it has them (the loader sets
+        # them, `kv_scales.py`), else 1.0; unused unless the cache is fp8.
+        self.kv_scales = KVScales()
+        self.kv_scales_from_checkpoint = False
 
     def kv_cache_spec(self, dtype: torch.dtype) -> FullAttentionSpec:
-        return FullAttentionSpec(dtype, self.num_kv_heads, self.head_dim, self.sliding_window)
+        return FullAttentionSpec(dtype, self.num_kv_heads, self.head_dim, self.sliding_window, self.kv_scales)
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: AttentionMetadata
@@ -77,5 +82,7 @@ class Attention(PagedAttentionLayer):
             metadata,
             self.scale,
             self.sliding_window,
+            # Only fp8-capable backends are bound to an fp8 cache, and only they take the scales.
+            **({"kv_scales": self.kv_scales} if is_fp8_kv(kv_cache.dtype) else {}),
         )
         return output.view(-1, self.num_heads * self.head_dim)

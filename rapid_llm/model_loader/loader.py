@@ -5,8 +5,9 @@ is copied into its parameter once (the copy casts). Every parameter must be fill
 by the checkpoint: missing or unexpected tensors are an error naming them, except those the model
 declares in `skipped_checkpoint_keys`, which are never read and summarised in one log line per load.
 A quantized model's linear layers get their quantization's parameters between building and loading
-(rapid_llm/quantization/apply.py). Then every layer with a `prepare_weights` hook puts its weights in the
-format of the kernel it selects.
+(rapid_llm/quantization/apply.py); KV-cache scales (`k_scale`/`v_scale`) go to their attention layers
+(`kv_scales.py`). Then every layer with a `prepare_weights` hook puts its weights in the format of the
+kernel it selects.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 
 from rapid_llm.config import ModelConfig
 from rapid_llm.layers.weight_utils import default_weight_loader
+from rapid_llm.model_loader.kv_scales import kv_scale_target, set_kv_scales
 from rapid_llm.model_loader.safetensors_files import iterate_tensors
 from rapid_llm.models.weight_mapping import (
     IGNORED_CHECKPOINT_SUFFIXES,
@@ -65,6 +67,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     loaded: dict[str, set[str | int | None]] = {name: set() for name in params}
     unexpected: list[str] = []
     skipped: dict[SkippedKeys, list[str]] = {}
+    kv_scales: dict[str, torch.Tensor] = {}
 
     def wanted(name: str) -> bool:
         entry = skipped_by(name, declared)
@@ -74,6 +77,9 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
 
     for name, tensor in iterate_tensors(model_dir, wanted):
         if name.endswith(IGNORED_CHECKPOINT_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):
+            continue
+        if kv_scale_target(name) is not None:
+            kv_scales[name] = tensor
             continue
         param_name, shard_id = map_checkpoint_name(name, stacked)
         param = params.get(param_name)
@@ -85,6 +91,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
         except (ValueError, RuntimeError) as error:
             raise ValueError(f"checkpoint tensor {name!r}: {error}") from error
         loaded[param_name].add(shard_id)
+    set_kv_scales(model, kv_scales)
     if skipped:
         _log_skipped(model, skipped)
     if unexpected:

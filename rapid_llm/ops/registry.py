@@ -150,6 +150,11 @@ class OpRegistry:
                 raise ValueError(f"{source}: op {name!r} has no backend {backend!r}; "
                                  f"its backends: {', '.join(known[name])}")
 
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The pinned backends per op (--op-backend)."""
+        return dict(self._overrides)
+
     def set_overrides(self, overrides: dict[str, str]) -> None:
         self.check_overrides(overrides)
         self._overrides = dict(overrides)

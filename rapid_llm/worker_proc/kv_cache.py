@@ -13,10 +13,14 @@ block's unwritten tail under a mask, and masked garbage that happened to be NaN 
 still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they hold the KV being
 reused. Block 0 is zeroed up front because block tables are padded with it. Once written, blocks
 only ever hold finite K/V, which a mask handles.
+
+An fp8 cache (`--kv-cache-dtype fp8`) is built for full attention only: MLA and DeepSeek-V4 layers refuse it here,
+at start-up. Checkpoint k_scale/v_scale are logged as unused when the cache is not fp8.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +30,10 @@ from torch import nn
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
 from rapid_llm.layers.attention import PagedAttentionLayer
-from rapid_llm.ops.attention.kv_cache_spec import KVCacheSpec, bytes_per_block, num_blocks_for_budget
+from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec, bytes_per_block, num_blocks_for_budget
+from rapid_llm.ops.attention.kv_quant import is_fp8_kv
+
+logger = logging.getLogger(__name__)
 
 
 def attention_layers(model: nn.Module) -> list[PagedAttentionLayer]:
@@ -71,6 +78,21 @@ class KVCache:
             spec.zero_blocks(layer.kv_cache, index)
 
 
+def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], dtype: torch.dtype,
+                   backend_supports_fp8: bool) -> None:
+    """Refuse an fp8 cache where it is not built; say when checkpoint KV scales go unused."""
+    if is_fp8_kv(dtype):
+        other = sorted({type(spec).__name__ for spec in specs if not isinstance(spec, FullAttentionSpec)})
+        if other:
+            raise ValueError(f"--kv-cache-dtype fp8 is built for full attention only, not for this model's {other} "
+                             "caches (MLA / DeepSeek-V4 latent caches); use --kv-cache-dtype auto")
+        if not backend_supports_fp8:
+            raise ValueError("the selected attention backend does not read an fp8 KV cache; use "
+                             "--attention-backend torch_ref or --kv-cache-dtype auto")
+    elif any(getattr(layer, "kv_scales_from_checkpoint", False) for layer in layers):
+        logger.info("the checkpoint's k_scale/v_scale are loaded and unused: the KV cache is %s, not fp8", dtype)
+
+
 def allocate_kv_cache(
     model: nn.Module, model_config: ModelConfig, cache_config: CacheConfig, backend: Any, device: torch.device,
 ) -> KVCache:
@@ -78,6 +100,7 @@ def allocate_kv_cache(
     layers = attention_layers(model)
     dtype = cache_config.kv_dtype(model_config.dtype)
     specs = [layer.kv_cache_spec(dtype) for layer in layers]
+    check_kv_dtype(layers, specs, dtype, getattr(backend, "supports_fp8_kv", False))
     block_size = cache_config.block_size
     num_blocks = cache_config.num_blocks or num_blocks_for_budget(specs, block_size,
                                                                   kv_cache_budget(cache_config, device))

@@ -27,6 +27,7 @@ from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
+from rapid_llm.ops.attention.kv_quant import is_fp8_kv
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
@@ -96,7 +97,7 @@ class ModelRunner:
         # One attention op per model ("attention", or "mla_attention" for latent caches): its backend builds
         # the step's metadata once and computes every layer.
         attention_op = attention_op_of(attention_layers(self.model))
-        self.backend = REGISTRY.select(attention_op, self.device, model_config.dtype_name).fn
+        self.backend = self._select_attention(attention_op)
         self.kv_cache = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
         self.num_blocks = self.kv_cache.num_blocks
         logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB", self.num_blocks, cache_config.block_size,
@@ -105,6 +106,18 @@ class ModelRunner:
         # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
         self.token_pool = torch.zeros(max_num_seqs, model_config.max_model_len + 1, dtype=torch.int32,
                                       device=self.device)
+
+    def _select_attention(self, attention_op: str) -> object:
+        """The registry's attention backend; for an fp8 KV cache torch_ref when the chosen one cannot read fp8
+        (cpu_paged, triton and the library adapters read only float caches), unless --op-backend pinned it."""
+        backend = REGISTRY.select(attention_op, self.device, self.model_config.dtype_name).fn
+        fp8 = is_fp8_kv(self.cache_config.kv_dtype(self.model_config.dtype))
+        if fp8 and not getattr(backend, "supports_fp8_kv", False) and attention_op not in REGISTRY.overrides:
+            reason = "the fp8 KV cache is read by torch_ref only"
+            logger.info("op %s: torch_ref (%s)", attention_op, reason)
+            self.op_choices[attention_op] = {"backend": "torch_ref", "reason": reason}
+            return REGISTRY.implementation(attention_op, "torch_ref", self.device, self.model_config.dtype_name).fn
+        return backend
 
     def add_request(self, slot: int, token_ids: Sequence[int]) -> None:
         """Put a request's known tokens (prompt, plus outputs when resuming) into its pool row."""

@@ -46,7 +46,13 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
-    """Computes causal attention over a paged KV cache for one mixed batch."""
+    """Computes causal attention over a paged KV cache for one mixed batch.
+
+    A backend with `supports_fp8_kv` also takes an fp8 cache, and then a `kv_scales` keyword (`kv_quant.KVScales`):
+    it quantizes on write and dequantizes inside attention. The others are never bound to one.
+    """
+
+    supports_fp8_kv: bool = False
 
     @abstractmethod
     def build_metadata(self, layout: StepLayout, device: torch.device) -> AttentionMetadata:

@@ -8,6 +8,8 @@ chunks go to torch_ref's padded `scaled_dot_product_attention` (GEMM-based: 3-7x
 at 128-512 tokens). Metadata is the common one plus both partitions, built once per step from host
 lists. The extension is compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible
 the registry skips this backend with the reason (`skip_reason`, the catalog's `available` condition).
+It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the
+layer's scales while widening them to fp32.
 Usage: `--attention-backend cpu_paged` (chosen by priority on a CPU).
 """
 
@@ -19,6 +21,7 @@ import torch
 
 from rapid_llm import ops
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv, write_kv_cache_fp8
 from rapid_llm.ops.attention.torch_ref import PaddedGroup, attend_padded_group, build_padded_group
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
 
@@ -34,6 +37,8 @@ class CpuPagedMetadata(AttentionMetadata):
 
 
 class CpuPagedBackend(AttentionBackend):
+    supports_fp8_kv = True
+
     def build_metadata(self, layout: StepLayout, device: torch.device) -> CpuPagedMetadata:
         common = build_common_metadata(layout, device)
         short = [i for i, length in enumerate(layout.query_lens) if length <= MAX_KERNEL_QUERY_LEN]
@@ -46,15 +51,20 @@ class CpuPagedBackend(AttentionBackend):
         )
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: CpuPagedMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
-        ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
+                metadata: CpuPagedMetadata, scale: float, sliding_window: int | None,
+                kv_scales: KVScales | None = None) -> torch.Tensor:
+        scales = kv_scales or KVScales()
+        if is_fp8_kv(kv_cache.dtype):
+            write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, scales)
+        else:
+            ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.kernel_seq_ids is not None:
             CPU_OPS.load().paged_attention(output, query, kv_cache, metadata.query_start_loc, metadata.seq_lens,
                                            metadata.block_tables, metadata.kernel_seq_ids, scale,
-                                           sliding_window or 0)
+                                           sliding_window or 0, scales.k_scale, scales.v_scale)
         if metadata.prefill_group is not None:
-            attend_padded_group(output, query, kv_cache, metadata.prefill_group, scale, sliding_window)
+            attend_padded_group(output, query, kv_cache, metadata.prefill_group, scale, sliding_window, kv_scales)
         return output
 
 

@@ -4,7 +4,8 @@ Every layer declares one (`kv_cache_spec(dtype)`): full attention keeps K and V 
 ([2, blocks, block_size, kv_heads, head_dim]); MLA keeps one latent vector per token, the compressed
 KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]); DeepSeek-V4 one row per token
 holding its shared K=V, its compressors' inputs and, on a window's last token, the compressed entry
-(`DeepseekV4Spec`). All layers share block
+(`DeepseekV4Spec`). A full-attention spec may be fp8 (`kv_quant.py`): one byte per element, so twice
+the tokens of bf16 per byte, and it carries the layer's K/V scales. All layers share block
 ids, so one block costs the sum of every layer's bytes for it, and the block count a byte budget
 buys follows from that sum. The layout here is the contract between the worker that allocates and
 the backends that read it.
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
+
+from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ class KVCacheSpec(ABC):
         return torch.empty(self.page_shape(num_blocks, block_size), dtype=self.dtype, device=device)
 
     def zero_blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> None:
-        cache.index_fill_(self.block_dim, block_ids, 0)
+        # float8 has no index_fill_ on CPU; its zero bytes are +0.0.
+        target = cache.view(torch.uint8) if is_fp8_kv(cache.dtype) else cache
+        target.index_fill_(self.block_dim, block_ids, 0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class FullAttentionSpec(KVCacheSpec):
     num_kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    kv_scales: KVScales = KVScales()  # dequantization scales, used when the cache is fp8
     block_dim: ClassVar[int] = 1
 
     @property

@@ -5,6 +5,7 @@ each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
 inflating every decode row to its length. Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
+An fp8 cache (`--kv-cache-dtype fp8`) is quantized on write and its gathered history dequantized here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from rapid_llm import ops
 from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.attention.kv_quant import KVScales, dequantize_kv, is_fp8_kv, write_kv_cache_fp8
 
 
 @dataclass
@@ -97,16 +99,24 @@ def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_s
 
 
 def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, group: PaddedGroup,
-                        scale: float, sliding_window: int | None) -> None:
+                        scale: float, sliding_window: int | None, kv_scales: KVScales | None = None) -> None:
     """Attention of one padded group's tokens (K/V already in the cache), written into their output rows."""
     # [2, Bg, blocks, block_size, Hkv, D] -> [2, Bg, Hkv, keys, D]
     history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
-    # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
-    compute = compute_dtype(history.device, history.dtype)
+    if is_fp8_kv(history.dtype):
+        # Dequantized into the query's compute dtype (an fp8 cache stands in for the model dtype).
+        scales = kv_scales or KVScales()
+        compute = compute_dtype(history.device, query.dtype)
+        keys, values = dequantize_kv(history[0], scales.k_scale, compute), dequantize_kv(history[1], scales.v_scale,
+                                                                                          compute)
+    else:
+        # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
+        compute = compute_dtype(history.device, history.dtype)
+        keys, values = history[0].to(compute), history[1].to(compute)
     attended = F.scaled_dot_product_attention(
         group.pad_queries(query).to(compute),
-        history[0].to(compute),
-        history[1].to(compute),
+        keys,
+        values,
         attn_mask=group.mask(sliding_window),
         scale=scale,
         enable_gqa=query.shape[1] != kv_cache.shape[3],
@@ -115,6 +125,8 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
 
 
 class TorchReferenceBackend(AttentionBackend):
+    supports_fp8_kv = True
+
     def build_metadata(self, layout: StepLayout, device: torch.device) -> TorchAttentionMetadata:
         common = build_common_metadata(layout, device)
         is_decode = torch.tensor([q == 1 for q in layout.query_lens], dtype=torch.bool, device=device)
@@ -134,11 +146,15 @@ class TorchReferenceBackend(AttentionBackend):
         metadata: TorchAttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
+        if is_fp8_kv(kv_cache.dtype):
+            write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, kv_scales or KVScales())
+        else:
+            ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
         output = torch.empty_like(query)
         for group in metadata.groups:
-            attend_padded_group(output, query, kv_cache, group, scale, sliding_window)
+            attend_padded_group(output, query, kv_cache, group, scale, sliding_window, kv_scales)
         return output
 
 

@@ -7,7 +7,7 @@
 void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
                      const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                      const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
-                     int64_t sliding_window);
+                     int64_t sliding_window, double k_scale, double v_scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
                                               const torch::Tensor& weight, double eps);

@@ -5,7 +5,11 @@
 // pass over the keys. When there are too few items to keep every thread busy (one or two long decodes),
 // each token's key range is split and the partial results are merged by log-sum-exp. Only the given
 // sequences are computed: the Python backend sends long prefills to a GEMM-based kernel instead.
+// The cache is either in the query's dtype or fp8 e4m3 (`--kv-cache-dtype fp8`): each row is then
+// multiplied by its per-tensor dequantization scale (k_scale / v_scale) while it is widened to fp32.
 #include <torch/extension.h>
+
+#include <c10/util/Float8_e4m3fn.h>
 
 #include "exp_poly.h"
 
@@ -52,10 +56,11 @@ struct Layout {
 // One item: `group` query heads of one token against keys [key_begin, key_end) of one kv head.
 // Writes the unnormalised accumulator, running max and sum (acc [group, D], max/sum [group]).
 // kHeadDim > 0 fixes head_dim at compile time (the row loops then unroll; 0 = any head_dim).
-template <typename T, int kHeadDim>
-void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* query, const T* cache,
-            const int64_t* block_table, float scale, float* acc, float* running_max, float* running_sum,
-            std::vector<float>& scratch) {
+// C is the cache's element type (T, or fp8 with k_scale / v_scale; 1 for a T cache).
+template <typename T, typename C, int kHeadDim>
+void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* query, const C* cache,
+            const int64_t* block_table, float scale, float k_scale, float v_scale, float* acc, float* running_max,
+            float* running_sum, std::vector<float>& scratch) {
   const int64_t D = kHeadDim > 0 ? kHeadDim : L.head_dim, G = L.group, BS = L.block_size;
   scratch.resize(G * D + 2 * D + G * BS);
   float* q = scratch.data();
@@ -69,15 +74,15 @@ void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* que
     running_sum[g] = 0.0f;
   }
   std::fill(acc, acc + G * D, 0.0f);
-  const T* keys = cache + kv_head * L.cache_head_stride;
-  const T* values = keys + L.cache_kv_stride;
+  const C* keys = cache + kv_head * L.cache_head_stride;
+  const C* values = keys + L.cache_kv_stride;
   for (int64_t start = item.key_begin; start < item.key_end;) {
     const int64_t block = block_table[start / BS];
     const int64_t offset = start % BS;
     const int64_t count = std::min(BS - offset, item.key_end - start);
     const int64_t row0 = block * L.cache_block_stride + offset * L.cache_slot_stride;
     for (int64_t j = 0; j < count; ++j) {
-      to_float(keys + row0 + j * L.cache_slot_stride, k_row, D, 1.0f);
+      to_float(keys + row0 + j * L.cache_slot_stride, k_row, D, k_scale);
       for (int64_t g = 0; g < G; ++g) scores[g * BS + j] = dot(q + g * D, k_row, D);
     }
     for (int64_t g = 0; g < G; ++g) {
@@ -100,7 +105,7 @@ void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* que
       }
     }
     for (int64_t j = 0; j < count; ++j) {
-      to_float(values + row0 + j * L.cache_slot_stride, v_row, D, 1.0f);
+      to_float(values + row0 + j * L.cache_slot_stride, v_row, D, v_scale);
       for (int64_t g = 0; g < G; ++g) {
         const float p = scores[g * BS + j];
         float* a = acc + g * D;
@@ -146,25 +151,25 @@ std::vector<WorkItem> plan_items(const int64_t* query_start, const int64_t* seq_
   return items;
 }
 
-template <typename T>
-using AttendFn = void (*)(const WorkItem&, int64_t, const Layout&, const T*, const T*, const int64_t*, float,
-                          float*, float*, float*, std::vector<float>&);
+template <typename T, typename C>
+using AttendFn = void (*)(const WorkItem&, int64_t, const Layout&, const T*, const C*, const int64_t*, float, float,
+                          float, float*, float*, float*, std::vector<float>&);
 
-template <typename T>
-AttendFn<T> attend_for(int64_t head_dim) {
+template <typename T, typename C>
+AttendFn<T, C> attend_for(int64_t head_dim) {
   switch (head_dim) {
-    case 32: return attend<T, 32>;
-    case 64: return attend<T, 64>;
-    case 128: return attend<T, 128>;
-    case 256: return attend<T, 256>;
-    default: return attend<T, 0>;
+    case 32: return attend<T, C, 32>;
+    case 64: return attend<T, C, 64>;
+    case 128: return attend<T, C, 128>;
+    case 256: return attend<T, C, 256>;
+    default: return attend<T, C, 0>;
   }
 }
 
-template <typename T>
+template <typename T, typename C>
 void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor& kv_cache,
          const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, const torch::Tensor& block_tables,
-         const torch::Tensor& seq_ids, double scale, int64_t sliding_window) {
+         const torch::Tensor& seq_ids, double scale, int64_t sliding_window, float k_scale, float v_scale) {
   Layout L;
   L.num_heads = query.size(1);
   L.num_kv_heads = kv_cache.size(3);
@@ -187,12 +192,12 @@ void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor&
   std::vector<float> partial_acc(num_partials * L.num_kv_heads * G * D);
   std::vector<float> partial_max(num_partials * L.num_kv_heads * G), partial_sum(partial_max.size());
   const T* q = query.data_ptr<T>();
-  const T* cache = kv_cache.data_ptr<T>();
+  const C* cache = static_cast<const C*>(kv_cache.const_data_ptr());
   T* out = output.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t table_stride = block_tables.stride(0);
   const int64_t num_work = static_cast<int64_t>(items.size()) * L.num_kv_heads;
-  const AttendFn<T> attend_item = attend_for<T>(D);
+  const AttendFn<T, C> attend_item = attend_for<T, C>(D);
 
 #pragma omp parallel num_threads(num_threads)
   {
@@ -206,8 +211,8 @@ void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor&
       float* acc = direct ? direct_acc.data() : partial_acc.data() + row * G * D;
       float* running_max = direct ? direct_max.data() : partial_max.data() + row * G;
       float* running_sum = direct ? direct_sum.data() : partial_sum.data() + row * G;
-      attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale), acc,
-                running_max, running_sum, scratch);
+      attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale), k_scale,
+                  v_scale, acc, running_max, running_sum, scratch);
       if (!direct) continue;
       for (int64_t g = 0; g < G; ++g) {
         T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
@@ -254,16 +259,20 @@ void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor&
 
 // output [T, Hq, D] (contiguous), query [T, Hq, D] (last dim contiguous), kv_cache [2, blocks, block_size,
 // Hkv, D]; query_start_loc [S + 1], seq_lens [S], block_tables [S, W] int64; only the rows of the
-// sequences seq_ids [S'] (int64) are computed; sliding_window 0 = none.
+// sequences seq_ids [S'] (int64) are computed; sliding_window 0 = none. kv_cache in the query's dtype
+// (k_scale = v_scale = 1) or float8_e4m3fn, read as cache * k_scale (keys) and cache * v_scale (values).
 void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
                      const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                      const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
-                     int64_t sliding_window) {
+                     int64_t sliding_window, double k_scale, double v_scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "paged_attention: query [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D] expected");
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && output.scalar_type() == query.scalar_type(),
-              "paged_attention: query, output and kv_cache must share one dtype");
+  const bool fp8_cache = kv_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK((fp8_cache || query.scalar_type() == kv_cache.scalar_type()) &&
+                  output.scalar_type() == query.scalar_type(),
+              "paged_attention: query and output must share one dtype, and kv_cache it or float8_e4m3fn");
+  TORCH_CHECK(fp8_cache || (k_scale == 1.0 && v_scale == 1.0), "paged_attention: scales apply to an fp8 cache only");
   TORCH_CHECK(query.stride(2) == 1 && kv_cache.stride(4) == 1 && output.is_contiguous(),
               "paged_attention: the head dimension must be contiguous");
   TORCH_CHECK(query.size(2) == kv_cache.size(4) && query.size(1) % kv_cache.size(3) == 0,
@@ -278,7 +287,12 @@ void paged_attention(torch::Tensor output, const torch::Tensor& query, const tor
   for (int64_t i = 0; i < seq_ids.size(0); ++i)
     TORCH_CHECK(0 <= ids[i] && ids[i] < seq_lens.size(0), "paged_attention: seq_ids out of range");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    run<scalar_t>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids, scale,
-                  sliding_window);
+    if (fp8_cache)
+      run<scalar_t, c10::Float8_e4m3fn>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids,
+                                        scale, sliding_window, static_cast<float>(k_scale),
+                                        static_cast<float>(v_scale));
+    else
+      run<scalar_t, scalar_t>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids, scale,
+                              sliding_window, 1.0f, 1.0f);
   });
 }
