@@ -4,7 +4,8 @@ On a 2-core AMX machine, oneDNN's prepacked GEMM costs ~20 µs per call whatever
 shapes, while the packed weight streams through this kernel in 4-10 µs ([1, 256] x [256, 2048]: 10.5 vs
 28.3 µs; [8, 768] x [768, 5120]: 157 vs 205 µs). Prefill-sized calls are within 0.6-1.9x of oneDNN's
 (benchmarks/bench_ops.py). Weights whose out or in features are not multiples of 32 keep oneDNN's
-format and kernel. Sums are fp32 in another order than oneDNN's, rounded once to bf16.
+format and kernel. Sums are fp32 in another order than oneDNN's, rounded once to bf16 (denormal results flush
+to zero, as in the AMX and AVX-512 BF16 instructions).
 Usage: chosen by priority on AMX CPUs for bf16 models, or `--op-backend linear=cpu_amx`.
 """
 

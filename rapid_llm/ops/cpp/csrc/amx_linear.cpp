@@ -69,11 +69,12 @@ inline const at::BFloat16* pair_row(const at::BFloat16* packed, int64_t K, int64
   return packed + (block * (K / 2) + pair) * 2 * kOutputsPerBlock;
 }
 
-// rows x 16 fp32 sums (row stride 16) + bias, rounded to bf16 into out (row stride N) at column n.
-inline void store_rows(const float* sums, int rows, const float* bias, int64_t n, at::BFloat16* out, int64_t N) {
+// rows x 16 fp32 sums (row stride sums_stride) + bias, rounded to bf16 into out (row stride N) at column n.
+inline void store_rows(const float* sums, int64_t sums_stride, int rows, const float* bias, int64_t n,
+                       at::BFloat16* out, int64_t N) {
   const __m512 bias_vector = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
   for (int row = 0; row < rows; ++row) {
-    const __m512 value = _mm512_add_ps(_mm512_loadu_ps(sums + row * kOutputsPerBlock), bias_vector);
+    const __m512 value = _mm512_add_ps(_mm512_loadu_ps(sums + row * sums_stride), bias_vector);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * N + n), (__m256i)_mm512_cvtneps_pbh(value));
   }
 }
@@ -94,7 +95,7 @@ void one_row_blocks(const at::BFloat16* x, int64_t K, const at::BFloat16* packed
   alignas(64) float block_sums[kOutputsPerBlock];
   for (int b = 0; b < BLOCKS; ++b) {
     _mm512_store_ps(block_sums, sums[b]);
-    store_rows(block_sums, 1, bias, (block + b) * kOutputsPerBlock, out, N);
+    store_rows(block_sums, kOutputsPerBlock, 1, bias, (block + b) * kOutputsPerBlock, out, N);
   }
 }
 
@@ -147,14 +148,10 @@ void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, in
   }
 }
 
-// Split sums[rows][32] into its two 16-output halves and store them.
+// Store sums[rows][32] as its two 16-output halves.
 void store_pair_block(const float* sums, int rows, const float* bias, int64_t pair_block, at::BFloat16* out, int64_t N) {
-  alignas(64) float half[32 * kOutputsPerBlock];
-  for (int side = 0; side < 2; ++side) {
-    for (int row = 0; row < rows; ++row)
-      std::memcpy(half + row * kOutputsPerBlock, sums + row * 32 + side * kOutputsPerBlock, 64);
-    store_rows(half, rows, bias, (2 * pair_block + side) * kOutputsPerBlock, out, N);
-  }
+  for (int side = 0; side < 2; ++side)
+    store_rows(sums + side * kOutputsPerBlock, 32, rows, bias, (2 * pair_block + side) * kOutputsPerBlock, out, N);
 }
 
 // Up to 16 rows: one input tile of exactly those rows, tasks over pairs of output blocks.
