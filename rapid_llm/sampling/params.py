@@ -23,6 +23,26 @@ class SamplingParamsError(ValueError):
         self.param = param
 
 
+class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What a request's output must match, as vLLM's `structured_outputs`; exactly one kind is set.
+
+    `json`: a JSON schema serialised as a JSON string; `json_object`: any JSON object; `regex`: a
+    regular expression the whole output matches; `choice`: one of these strings; `grammar`: an EBNF
+    grammar. The worker compiles it into a token mask applied before sampling.
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def kinds(self) -> list[str]:
+        """The names of the kinds that are set."""
+        return [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None] + (
+            ["json_object"] if self.json_object else [])
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """How to pick tokens for one request.
 
@@ -51,6 +71,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -91,6 +112,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         for field, ok, rule in checks:
             if not ok:
                 raise SamplingParamsError(field, f"{field} {rule}, got {getattr(self, field)!r}")
+        if self.structured_outputs is not None and len(self.structured_outputs.kinds()) != 1:
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs must set exactly one of json, json_object, regex, "
+                f"choice, grammar; got {self.structured_outputs.kinds() or 'none'}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
