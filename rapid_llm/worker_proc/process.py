@@ -14,12 +14,14 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
+import torch
 import zmq
 
 from rapid_llm.config import EngineConfig
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
+from rapid_llm.worker_proc.cpu_threads import choose_cpu_threads
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.worker import Worker
 
@@ -31,13 +33,19 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
     try:
         runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                              max_num_seqs=config.scheduler.max_num_seqs)
+        cpu_threads = None
+        if runner.device.type == "cpu":
+            cpu_threads, reason = choose_cpu_threads(runner.model, torch.get_num_threads())
+            torch.set_num_threads(cpu_threads)
+            logger.info("CPU threads: %d (%s)", cpu_threads, reason)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
         report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.kv_cache.num_tokens,
-                             "kv_cache_bytes": runner.kv_cache.num_bytes, "ops": runner.op_choices})
+                             "kv_cache_bytes": runner.kv_cache.num_bytes, "ops": runner.op_choices,
+                             "cpu_threads": cpu_threads})
     except Exception as error:
         report_failure(ready, error)
         sys.exit(1)

@@ -158,6 +158,7 @@ def test_models_health_version(server) -> None:
     # The server is this machine's CPU process in fp32: its choice is what this process's registry selects.
     expected = REGISTRY.select("attention", "cpu", "float32").backend
     assert info["ops"]["attention"]["backend"] == expected and info["ops"]["rms_norm"]["reason"]
+    assert info["device"] == "cuda" or info["cpu_threads"] >= 1
 
 
 def test_the_http_process_never_loads_torch(server) -> None:

@@ -83,3 +83,16 @@ def test_strided_query_rows() -> None:
                                     block_size=16)
     torch.testing.assert_close(output, naive, atol=2e-5, rtol=2e-5)
 
+
+
+@pytest.mark.usefixtures("kernel_query_len")
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(8, 2, 128), (3, 3, 32), (8, 1, 256)])
+def test_bf16_head_dims_and_block_sizes(block_size: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    """bf16 with head_dim a multiple of 32 takes the AVX-512 BF16 kernel where the CPU has it: runs of 16
+    keys that end inside a block (32), at its end (16) or are cut short by it (8), odd groups included."""
+    torch.manual_seed(3)
+    shapes = CASES["unaligned"] + CASES["long_decodes_split"]
+    output, naive = run_mixed_batch(CPU_PAGED_BACKEND, shapes, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                    block_size=block_size, dtype=torch.bfloat16)
+    torch.testing.assert_close(output.float(), naive, atol=TOLERANCES["bf16"], rtol=TOLERANCES["bf16"])

@@ -7,11 +7,13 @@
 // sequences are computed: the Python backend sends long prefills to a GEMM-based kernel instead.
 // The cache is either in the query's dtype or fp8 e4m3 (`--kv-cache-dtype fp8`): each row is then
 // multiplied by its per-tensor dequantization scale (k_scale / v_scale) while it is widened to fp32.
+// bf16 query and cache with head_dim a multiple of 32, on AVX-512 BF16 CPUs: paged_attention_bf16.h.
 #include <torch/extension.h>
 
 #include <c10/util/Float8_e4m3fn.h>
 
-#include "exp_poly.h"
+#include "paged_attention.h"
+#include "paged_attention_bf16.h"
 
 #include <omp.h>
 
@@ -19,9 +21,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
+
+using paged_kernels::Layout;
+using paged_kernels::WorkItem;
 
 constexpr int kMinSplitKeys = 256;   // shorter splits cost more in merging than they gain in parallelism
 constexpr int kItemsPerThread = 4;   // enough items per thread for dynamic scheduling to balance
@@ -38,20 +44,6 @@ inline float dot(const float* a, const float* b, int n) {
   for (int i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-
-struct WorkItem {
-  int64_t token;
-  int64_t seq;
-  int64_t key_begin;  // keys [key_begin, key_end) of the sequence
-  int64_t key_end;
-  int64_t partial;    // row in the partial buffers, or -1: the item covers all the token's keys
-};
-
-struct Layout {
-  int64_t num_heads, num_kv_heads, head_dim, block_size, group;
-  int64_t q_token_stride, q_head_stride;
-  int64_t cache_kv_stride, cache_block_stride, cache_slot_stride, cache_head_stride;
-};
 
 // One item: `group` query heads of one token against keys [key_begin, key_end) of one kv head.
 // Writes the unnormalised accumulator, running max and sum (acc [group, D], max/sum [group]).
@@ -85,25 +77,8 @@ void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* que
       to_float(keys + row0 + j * L.cache_slot_stride, k_row, D, k_scale);
       for (int64_t g = 0; g < G; ++g) scores[g * BS + j] = dot(q + g * D, k_row, D);
     }
-    for (int64_t g = 0; g < G; ++g) {
-      float* s = scores + g * BS;
-      float block_max = running_max[g];
-      for (int64_t j = 0; j < count; ++j) block_max = std::max(block_max, s[j]);
-      const float correction = exp_poly(running_max[g] - block_max);  // 0 on the first block (-inf)
-      float block_sum = 0.0f;
-#pragma omp simd reduction(+ : block_sum)
-      for (int64_t j = 0; j < count; ++j) {
-        s[j] = exp_poly(s[j] - block_max);
-        block_sum += s[j];
-      }
-      running_sum[g] = running_sum[g] * correction + block_sum;
-      running_max[g] = block_max;
-      if (correction != 1.0f) {
-        float* a = acc + g * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) a[d] *= correction;
-      }
-    }
+    for (int64_t g = 0; g < G; ++g)
+      paged_kernels::online_softmax_step(scores + g * BS, count, running_max[g], running_sum[g], acc + g * D, D);
     for (int64_t j = 0; j < count; ++j) {
       to_float(values + row0 + j * L.cache_slot_stride, v_row, D, v_scale);
       for (int64_t g = 0; g < G; ++g) {
@@ -157,6 +132,17 @@ using AttendFn = void (*)(const WorkItem&, int64_t, const Layout&, const T*, con
 
 template <typename T, typename C>
 AttendFn<T, C> attend_for(int64_t head_dim) {
+#ifdef RAPID_LLM_HAS_AVX512_BF16_ATTENTION
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, c10::BFloat16>) {
+    switch (head_dim) {
+      case 32: return paged_kernels::attend_bf16<32>;
+      case 64: return paged_kernels::attend_bf16<64>;
+      case 128: return paged_kernels::attend_bf16<128>;
+      case 256: return paged_kernels::attend_bf16<256>;
+      default: break;
+    }
+  }
+#endif
   switch (head_dim) {
     case 32: return attend<T, C, 32>;
     case 64: return attend<T, C, 64>;
