@@ -11,8 +11,13 @@ import openai
 import pytest
 
 from rapid_llm.frontend.app import build_app
+from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.frontend.options import FrontendOptions
+from rapid_llm.frontend.protocol import ChatCompletionRequest, ChatTool, FunctionDefinition
+from rapid_llm.frontend.tool_choice import plan_tools
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling.params import StructuredOutputsParams
+from rapid_llm.server_args import ServerArgs
 from rapid_llm.utils.tiny_checkpoint import EOS_TOKEN_ID
 from tests.unit.fake_engine import FakeEngine
 from tests.unit.http_helpers import CHAT, assert_error, http_client, sse_payloads
@@ -251,3 +256,24 @@ async def test_tokenizer_routes_need_the_api_key(engine: ScriptedEngine) -> None
         assert_error(await client.post("/tokenize", json={"prompt": "Hi"}), 401, None, "AuthenticationError")
         response = await client.post("/detokenize", json={"tokens": [5]}, headers={"Authorization": "Bearer k"})
         assert response.status_code == 200
+
+
+def test_required_and_named_refuse_a_second_constraint() -> None:
+    plan = plan_tools(ChatCompletionRequest(messages=[], tools=[ChatTool(FunctionDefinition("f"))],
+                                            tool_choice="required"), AUTO)
+    constrained = SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(OpenAIError) as error:
+        plan.apply(constrained)
+    assert error.value.param == "tool_choice"
+    assert json.loads(plan.apply(SamplingParams()).structured_outputs.json)["minItems"] == 1
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"tool_call_parser": "nope"}, "--tool-call-parser 'nope' is not one of"),
+    ({"enable_auto_tool_choice": True}, "--enable-auto-tool-choice needs --tool-call-parser"),
+])
+def test_tool_flags_are_checked_at_start_up(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(**flags).check_http()
+    options = ServerArgs(tool_call_parser="pythonic", enable_auto_tool_choice=True).frontend_options({})
+    assert (options.tool_call_parser, options.enable_auto_tool_choice) == ("pythonic", True)
