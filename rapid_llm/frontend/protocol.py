@@ -242,8 +242,9 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
         """The tools as the OpenAI dicts chat templates and parsers take."""
         if self.tools is None:
             return None
-        return [{"type": tool.type, "function": {key: value for key, value in msgspec.structs.asdict(tool.function).items()
-                                                 if value is not None}} for tool in self.tools]
+        return [{"type": tool.type,
+                 "function": {k: v for k, v in msgspec.structs.asdict(tool.function).items() if v is not None}}
+                for tool in self.tools]
 
     @property
     def resolved_tool_choice(self) -> str | NamedToolChoice:

@@ -166,7 +166,8 @@ def test_arguments_sent_as_a_json_string_are_decoded() -> None:
 
 
 def test_mistral_array_format_and_its_ids() -> None:
-    text = f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {PARIS}}}, {{"name": "search.web", "arguments": {{}}}}]'
+    text = (f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {PARIS}}}, '
+            '{"name": "search.web", "arguments": {}}]')
     parser = _parser("mistral")
     assert _calls(parser.parse(text, final=True)) == [("get_weather", PARIS), ("search.web", "{}")]
     assert parser.keeps_special_tokens

@@ -18,6 +18,14 @@ from typing import Any, ClassVar
 ALPHANUMERIC = string.ascii_letters + string.digits
 
 
+class Malformed(Exception):
+    """The text cannot be the call syntax it started as: it is content."""
+
+
+class Incomplete(Exception):
+    """The text ends inside a call: wait for more (a final text that does is content)."""
+
+
 @dataclass
 class ParsedCall:
     """One call; `name` None while it is not complete yet, `arguments` the JSON object text so far."""

@@ -6,16 +6,14 @@
 from __future__ import annotations
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ParsedCall, ParseResult, ToolParser, content_before, held_back, is_prefix_at, plain, skip_space)
-from rapid_llm.frontend.tool_parsers.json_calls import Malformed, arguments_text, json_value_end
+    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, is_prefix_at, plain,
+    skip_space)
+from rapid_llm.frontend.tool_parsers.json_calls import arguments_text, json_value_end
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 FENCE_OPEN, FENCE_CLOSE = "```json", "```"
 
-
-class _Incomplete(Exception):
-    """The text ends inside a call."""
 
 
 class DeepSeekV3ToolParser(ToolParser):
@@ -33,14 +31,14 @@ class DeepSeekV3ToolParser(ToolParser):
                 if text.startswith(CALL_BEGIN, index):
                     index = self._call(text, index + len(CALL_BEGIN), result, final)
                 elif not final and is_prefix_at(text, index, CALL_BEGIN):
-                    raise _Incomplete
+                    raise Incomplete
                 elif result.calls:
                     return result  # CALLS_END or whatever follows the last call
                 else:
                     raise Malformed("a call block without calls")
         except Malformed:
             return plain(text)
-        except _Incomplete:
+        except Incomplete:
             return plain(text) if final else result
 
     def _call(self, text: str, index: int, result: ParseResult, final: bool) -> int:
@@ -49,36 +47,36 @@ class DeepSeekV3ToolParser(ToolParser):
         if sep < 0:
             if not "function".startswith(text[index:len(text) - held_back(text, SEP)].strip()):
                 raise Malformed("not a function call")
-            raise _Incomplete
+            raise Incomplete
         if text[index:sep].strip() != "function":
             raise Malformed("not a function call")
         line_end = text.find("\n", sep)
         if line_end < 0:
-            raise _Incomplete
+            raise Incomplete
         call = ParsedCall(text[sep + len(SEP):line_end].strip())
         if not call.name:
             raise Malformed("no function name")
         result.calls.append(call)
         index = skip_space(text, line_end)
         if is_prefix_at(text, index, FENCE_OPEN):
-            raise _Incomplete
+            raise Incomplete
         if not text.startswith(FENCE_OPEN, index):
             raise Malformed("no ```json fence")
         index = skip_space(text, index + len(FENCE_OPEN))
         if index >= len(text):
-            raise _Incomplete
+            raise Incomplete
         if text[index] != "{":
             raise Malformed("the arguments are not an object")
         end = json_value_end(text, index, final)
         call.arguments = arguments_text(text, index, end)
         if end is None:
-            raise _Incomplete
+            raise Incomplete
         for marker in (FENCE_CLOSE, CALL_END):
             index = skip_space(text, end)
             if index >= len(text) or is_prefix_at(text, index, marker):
                 if final:
                     return len(text)  # ended right after the arguments: the call is complete
-                raise _Incomplete
+                raise Incomplete
             if not text.startswith(marker, index):
                 raise Malformed(f"expected {marker}")
             end = index + len(marker)

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from rapid_llm.frontend.errors import bad_request
-from rapid_llm.frontend.tool_parsers.base import ParsedCall, ParseResult, ToolParser, plain, skip_space
-from rapid_llm.frontend.tool_parsers.json_calls import Malformed, read_call_sequence
+from rapid_llm.frontend.tool_parsers.base import Malformed, ParsedCall, ParseResult, ToolParser, plain, skip_space
+from rapid_llm.frontend.tool_parsers.json_calls import read_call_sequence
 
 _SPACE = " \t\r\n"
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}

@@ -7,8 +7,8 @@ as in vLLM's parser of the same name.
 from __future__ import annotations
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ParseResult, ToolParser, content_before, is_prefix_at, plain, skip_space)
-from rapid_llm.frontend.tool_parsers.json_calls import Malformed, read_call_object
+    Malformed, ParseResult, ToolParser, content_before, is_prefix_at, plain, skip_space)
+from rapid_llm.frontend.tool_parsers.json_calls import read_call_object
 
 START, END = "<tool_call>", "</tool_call>"
 

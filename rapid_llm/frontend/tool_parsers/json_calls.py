@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import json
 
-from rapid_llm.frontend.tool_parsers.base import ParsedCall, skip_space
+from rapid_llm.frontend.tool_parsers.base import Malformed, ParsedCall, skip_space
 
 _SCALAR_END = ",}] \t\r\n"
-
-
-class Malformed(Exception):
-    """The text cannot be the call syntax it started as."""
 
 
 def json_value_end(text: str, pos: int, final: bool) -> int | None:

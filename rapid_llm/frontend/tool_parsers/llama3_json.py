@@ -6,8 +6,8 @@ vLLM's parser of the same name; text after the last call is dropped.
 
 from __future__ import annotations
 
-from rapid_llm.frontend.tool_parsers.base import ParseResult, ToolParser, plain, skip_space
-from rapid_llm.frontend.tool_parsers.json_calls import Malformed, read_call_sequence
+from rapid_llm.frontend.tool_parsers.base import Malformed, ParseResult, ToolParser, plain, skip_space
+from rapid_llm.frontend.tool_parsers.json_calls import read_call_sequence
 
 PYTHON_TAG = "<|python_tag|>"
 

@@ -11,8 +11,8 @@ import re
 import secrets
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ALPHANUMERIC, ParsedCall, ParseResult, ToolParser, content_before, held_back, plain, skip_space)
-from rapid_llm.frontend.tool_parsers.json_calls import Malformed, arguments_text, json_value_end, read_call_sequence
+    ALPHANUMERIC, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, plain, skip_space)
+from rapid_llm.frontend.tool_parsers.json_calls import arguments_text, json_value_end, read_call_sequence
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")

@@ -13,7 +13,7 @@ import json
 import re
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ParsedCall, ParseResult, ToolParser, object_arguments, plain, skip_space)
+    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, object_arguments, plain, skip_space)
 
 _CALL_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _MAYBE_CALL_START = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")
@@ -22,12 +22,6 @@ _KEYWORD = re.compile(r"([A-Za-z_]\w*)\s*=\s*")
 _CLOSERS = {")": "(", "]": "[", "}": "{"}
 
 
-class _Incomplete(Exception):
-    """The text ends inside a call."""
-
-
-class _Malformed(Exception):
-    """Not a list of calls with literal arguments."""
 
 
 def _value_end(text: str, pos: int) -> int:
@@ -41,7 +35,7 @@ def _value_end(text: str, pos: int) -> int:
             index += len(quote)
             while not text.startswith(quote, index):
                 if index >= len(text):
-                    raise _Incomplete
+                    raise Incomplete
                 index += 2 if text[index] == "\\" else 1
             index += len(quote)
             continue
@@ -51,13 +45,13 @@ def _value_end(text: str, pos: int) -> int:
             if not stack:
                 if char == ")":
                     return index
-                raise _Malformed
+                raise Malformed
             if stack.pop() != _CLOSERS[char]:
-                raise _Malformed
+                raise Malformed
         elif char == "," and not stack:
             return index
         index += 1
-    raise _Incomplete
+    raise Incomplete
 
 
 def _json_literal(source: str) -> str:
@@ -65,7 +59,7 @@ def _json_literal(source: str) -> str:
         value = ast.literal_eval(source.strip())
         return json.dumps(value, ensure_ascii=False)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _Malformed from None
+        raise Malformed from None
 
 
 class PythonicToolParser(ToolParser):
@@ -84,27 +78,27 @@ class PythonicToolParser(ToolParser):
                 index = self._call(text, skip_space(text, index), result)
                 index = skip_space(text, index)
                 if index >= len(text):
-                    raise _Incomplete
+                    raise Incomplete
                 if text[index] == "]":
                     return result
                 if text[index] != ",":
-                    raise _Malformed
+                    raise Malformed
                 index += 1
-        except _Malformed:
+        except Malformed:
             return plain(text)
-        except _Incomplete:
+        except Incomplete:
             return plain(text) if final else result
 
     def _call(self, text: str, index: int, result: ParseResult) -> int:
         """Read one `name(key=value, ...)` into `result`; return the index after its `)`."""
         name = _NAME.match(text, index)
         if name is None:
-            raise _Incomplete if index >= len(text) else _Malformed
+            raise Incomplete if index >= len(text) else Malformed
         paren = skip_space(text, name.end())
         if paren >= len(text):
-            raise _Incomplete
+            raise Incomplete
         if text[paren] != "(":
-            raise _Malformed
+            raise Malformed
         call = ParsedCall(name.group())
         result.calls.append(call)
         pairs: list[str] = []
@@ -113,15 +107,15 @@ class PythonicToolParser(ToolParser):
         while True:
             index = skip_space(text, index)
             if index >= len(text):
-                raise _Incomplete
+                raise Incomplete
             if text[index] == ")":
                 call.arguments = object_arguments(pairs, closed=True)
                 return index + 1
             keyword = _KEYWORD.match(text, index)
             if keyword is None:
                 if re.fullmatch(r"[A-Za-z_]\w*\s*", text[index:]):
-                    raise _Incomplete
-                raise _Malformed
+                    raise Incomplete
+                raise Malformed
             end = _value_end(text, keyword.end())
             pairs.append(f"{json.dumps(keyword.group(1))}: {_json_literal(text[keyword.end():end])}")
             call.arguments = object_arguments(pairs, closed=False)

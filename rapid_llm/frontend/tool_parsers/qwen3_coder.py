@@ -13,20 +13,14 @@ import json
 from typing import Any
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ParsedCall, ParseResult, ToolParser, content_before, is_prefix_at, object_arguments, plain, skip_space,
-    tool_parameter_schemas)
+    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, is_prefix_at, object_arguments,
+    plain, skip_space, tool_parameter_schemas)
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 
 
-class _Incomplete(Exception):
-    """The text ends inside a call."""
-
-
-class _Malformed(Exception):
-    """Not the call syntax."""
 
 
 def typed_value(raw: str, schema: dict[str, Any]) -> Any:
@@ -61,31 +55,31 @@ class Qwen3CoderToolParser(ToolParser):
                 if index >= len(text):
                     if final:
                         return result
-                    raise _Incomplete
+                    raise Incomplete
                 if is_prefix_at(text, index, END):
-                    raise _Incomplete
+                    raise Incomplete
                 if not text.startswith(END, index):
-                    raise _Malformed
+                    raise Malformed
                 start = text.find(START, index + len(END))
             return result
-        except _Malformed:
+        except Malformed:
             return plain(text)
-        except _Incomplete:
+        except Incomplete:
             return plain(text) if final else result
 
     def _call(self, text: str, index: int, result: ParseResult) -> int:
         """Read one `<function=...>...</function>` into `result`; return the index after it."""
         index = skip_space(text, index)
         if is_prefix_at(text, index, FUNCTION):
-            raise _Incomplete
+            raise Incomplete
         if not text.startswith(FUNCTION, index):
-            raise _Malformed
+            raise Malformed
         name_end = text.find(">", index)
         if name_end < 0:
-            raise _Incomplete
+            raise Incomplete
         call = ParsedCall(text[index + len(FUNCTION):name_end].strip())
         if not call.name or "<" in call.name:
-            raise _Malformed
+            raise Malformed
         result.calls.append(call)
         schemas = tool_parameter_schemas(self.tools, call.name)
         pairs: list[str] = []
@@ -97,13 +91,13 @@ class Qwen3CoderToolParser(ToolParser):
                 call.arguments = object_arguments(pairs, closed=True)
                 return index + len(FUNCTION_END)
             if is_prefix_at(text, index, FUNCTION_END) or is_prefix_at(text, index, PARAMETER):
-                raise _Incomplete
+                raise Incomplete
             if not text.startswith(PARAMETER, index):
-                raise _Malformed
+                raise Malformed
             key_end = text.find(">", index)
             value_end = text.find(PARAMETER_END, key_end)
             if key_end < 0 or value_end < 0:
-                raise _Incomplete
+                raise Incomplete
             key = text[index + len(PARAMETER):key_end].strip()
             raw = text[key_end + 1:value_end]
             raw = raw[1:] if raw.startswith("\n") else raw
