@@ -278,3 +278,21 @@ def test_tool_flags_are_checked_at_start_up(flags: dict[str, Any], message: str)
         ServerArgs(**flags).check_http()
     options = ServerArgs(tool_call_parser="pythonic", enable_auto_tool_choice=True).frontend_options({})
     assert (options.tool_call_parser, options.enable_auto_tool_choice) == ("pythonic", True)
+
+
+async def test_each_of_n_streamed_choices_parses_its_own_calls(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    engine.tokens_per_delta = 2
+    request = {**CHAT, "tools": TOOLS, "n": 2, "stream": True, "logprobs": True}
+    chunks = sse_payloads(await client.post("/v1/chat/completions", json=request))
+    for index in (0, 1):
+        choices = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        entries = [e for c in choices for e in c["delta"].get("tool_calls", [])]
+        arguments = {}
+        for entry in entries:
+            arguments[entry["index"]] = arguments.get(entry["index"], "") + entry["function"]["arguments"]
+        assert arguments == {0: '{"city": "Paris"}', 1: '{"city": "Rome"}'}
+        assert "".join(c["delta"].get("content") or "" for c in choices) == "Let me check.\n"
+        assert choices[-1]["finish_reason"] == "tool_calls"
+        # Every generated token's logprob is sent, also while the parser holds its text back.
+        logprobs = [entry for c in choices if c["logprobs"] for entry in c["logprobs"]["content"]]
+        assert len(logprobs) == len(engine.reply_token_ids(SamplingParams(max_tokens=None)))
