@@ -86,7 +86,7 @@ class ServerArgs:
                                               "a request (refused by default: they run on the server)."})
     tool_call_parser: str | None = field(default=None, metadata={"help": "How tool calls are read from the "
                                          "model's text for tool_choice auto: hermes, llama3_json, mistral, "
-                                         "qwen3_coder, deepseek_v3 or pythonic. See docs/tool_calling.md."})
+                                         "qwen3_coder, deepseek_v3, deepseek_v31 or pythonic. See docs/tool_calling.md."})
     enable_auto_tool_choice: bool = field(default=False, metadata={"help": "Allow tool_choice auto (the "
                                           "default when a request has tools); needs --tool-call-parser."})
     shutdown_timeout: float = field(default=10.0, metadata={"help": "Seconds requests in flight may run on after "

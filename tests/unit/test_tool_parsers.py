@@ -49,6 +49,10 @@ FIXTURES: dict[str, tuple[str, str | None, list[tuple[str, str]]]] = {
                     f"```json\n{PARIS}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
                     f"get_weather\n```json\n{TOKYO}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
                     "Checking.", [("get_weather", PARIS), ("get_weather", TOKYO)]),
+    "deepseek_v31": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                     f"{PARIS}<｜tool▁call▁end｜><｜tool▁call▁begin｜>search.web<｜tool▁sep｜>"
+                     '{"query": "x"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                     "", [("get_weather", PARIS), ("search.web", '{"query": "x"}')]),
     "pythonic": ("[get_weather(city='Paris', days=3), search.web(query=\"it's (a) [test], ok\"), "
                  "get_weather(city=\"Rome\", hours=[9, 12], metric=None)]",
                  "", [("get_weather", PARIS), ("search.web", '{"query": "it\'s (a) [test], ok"}'),
@@ -62,7 +66,8 @@ NOT_CALLS: dict[str, list[str]] = {
     "llama3_json": ['{"answer": 42}', "Plain words.", '{"name": "get_weather", "parameters": [1]}'],
     "mistral": ["No calls.", "[TOOL_CALLS]not a name![ARGS]{}", "[TOOL_CALLS]get_weather[ARGS]{\"city\": "],
     "qwen3_coder": ["<tool_call>\n<notafunction>", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis"],
-    "deepseek_v3": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\nno fence"],
+    "deepseek_v3": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\nno fence",
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get weather<｜tool▁sep｜>{}<｜tool▁call▁end｜>"],
     "pythonic": ["[1, 2, 3]", "[get_weather(city=paris)]", "[get_weather(city='Paris')", "Sure: [f(x=1)]"],
 }
 
@@ -98,8 +103,8 @@ def _stream(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str,
 
 def test_every_family_is_registered() -> None:
     assert set(TOOL_PARSERS) == set(FIXTURES) == {"hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3",
-                                                  "pythonic"}
-    with pytest.raises(ValueError, match="--tool-call-parser 'nope' is not one of deepseek_v3, hermes"):
+                                                  "deepseek_v31", "pythonic"}
+    with pytest.raises(ValueError, match="--tool-call-parser 'nope' is not one of deepseek_v3, deepseek_v31, hermes"):
         parser_class("nope")
 
 

@@ -19,6 +19,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     for parser in (HermesToolParser, Llama3JsonToolParser, MistralToolParser, Qwen3CoderToolParser,
                    DeepSeekV3ToolParser, PythonicToolParser)
 }
+TOOL_PARSERS["deepseek_v31"] = DeepSeekV3ToolParser  # reads both layouts
 
 
 def parser_class(name: str) -> type[ToolParser]:

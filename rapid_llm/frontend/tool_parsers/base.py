@@ -10,12 +10,15 @@ A text that turns out not to be a well-formed call is plain content (as in vLLM)
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 ALPHANUMERIC = string.ascii_letters + string.digits
+# What the marker-delimited families accept as a function name.
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 class Malformed(Exception):

@@ -1,12 +1,14 @@
-"""deepseek_v3: DeepSeek-V3/R1's calls between `<｜tool▁calls▁begin｜>` and `<｜tool▁calls▁end｜>`, each
-`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` then the arguments in a ```json fence, then
+"""deepseek_v3: DeepSeek's calls between `<｜tool▁calls▁begin｜>` and `<｜tool▁calls▁end｜>`, each one
+`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` + the arguments in a ```json fence (V3, R1) or
+`<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}` (V3.1, registered also as deepseek_v31), then
 `<｜tool▁call▁end｜>`. Content is the text before the first call block.
 """
 
 from __future__ import annotations
 
+
 from rapid_llm.frontend.tool_parsers.base import (
-    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, is_prefix_at, plain,
+    FUNCTION_NAME, Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, is_prefix_at, plain,
     skip_space)
 from rapid_llm.frontend.tool_parsers.json_calls import arguments_text, json_value_end
 
@@ -45,24 +47,29 @@ class DeepSeekV3ToolParser(ToolParser):
         """Read one call after its CALL_BEGIN into `result`; return the index after its CALL_END."""
         sep = text.find(SEP, index)
         if sep < 0:
-            if not "function".startswith(text[index:len(text) - held_back(text, SEP)].strip()):
-                raise Malformed("not a function call")
+            head = text[index:len(text) - held_back(text, SEP)].strip()
+            if head and not FUNCTION_NAME.fullmatch(head):
+                raise Malformed("not a function name")
             raise Incomplete
-        if text[index:sep].strip() != "function":
-            raise Malformed("not a function call")
-        line_end = text.find("\n", sep)
-        if line_end < 0:
-            raise Incomplete
-        call = ParsedCall(text[sep + len(SEP):line_end].strip())
-        if not call.name:
-            raise Malformed("no function name")
+        head = text[index:sep].strip()
+        if head == "function":  # V3: the name on the rest of the line, the arguments fenced
+            line_end = text.find("\n", sep)
+            if line_end < 0:
+                raise Incomplete
+            name, index, closing = text[sep + len(SEP):line_end].strip(), line_end, (FENCE_CLOSE, CALL_END)
+        else:  # V3.1: the name before the separator, the arguments right after it
+            name, index, closing = head, sep + len(SEP), (CALL_END,)
+        if not FUNCTION_NAME.fullmatch(name):
+            raise Malformed("not a function name")
+        call = ParsedCall(name)
         result.calls.append(call)
-        index = skip_space(text, line_end)
-        if is_prefix_at(text, index, FENCE_OPEN):
-            raise Incomplete
-        if not text.startswith(FENCE_OPEN, index):
-            raise Malformed("no ```json fence")
-        index = skip_space(text, index + len(FENCE_OPEN))
+        index = skip_space(text, index)
+        if len(closing) == 2:
+            if is_prefix_at(text, index, FENCE_OPEN):
+                raise Incomplete
+            if not text.startswith(FENCE_OPEN, index):
+                raise Malformed("no ```json fence")
+            index = skip_space(text, index + len(FENCE_OPEN))
         if index >= len(text):
             raise Incomplete
         if text[index] != "{":
@@ -71,7 +78,7 @@ class DeepSeekV3ToolParser(ToolParser):
         call.arguments = arguments_text(text, index, end)
         if end is None:
             raise Incomplete
-        for marker in (FENCE_CLOSE, CALL_END):
+        for marker in closing:
             index = skip_space(text, end)
             if index >= len(text) or is_prefix_at(text, index, marker):
                 if final:

@@ -7,15 +7,13 @@ text (as vLLM does). Call ids are 9 letters and digits, the only shape Mistral's
 
 from __future__ import annotations
 
-import re
 import secrets
 
 from rapid_llm.frontend.tool_parsers.base import (
-    ALPHANUMERIC, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, plain, skip_space)
+    FUNCTION_NAME, ALPHANUMERIC, Malformed, ParsedCall, ParseResult, ToolParser, content_before, held_back, plain, skip_space)
 from rapid_llm.frontend.tool_parsers.json_calls import arguments_text, json_value_end, read_call_sequence
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
-_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 class MistralToolParser(ToolParser):
@@ -45,11 +43,11 @@ class MistralToolParser(ToolParser):
             args_at = text.find(ARGS, index)
             if args_at < 0:
                 partial_name = text[index:len(text) - held_back(text, ARGS)].strip()
-                if partial_name and not _NAME.fullmatch(partial_name):
+                if partial_name and not FUNCTION_NAME.fullmatch(partial_name):
                     raise Malformed("not a function name")
                 return calls, None
             name = text[index:args_at].strip()
-            if not _NAME.fullmatch(name):
+            if not FUNCTION_NAME.fullmatch(name):
                 raise Malformed("not a function name")
             call = ParsedCall(name)
             calls.append(call)
