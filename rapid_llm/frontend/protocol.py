@@ -38,7 +38,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras).
 
     Unknown fields are ignored, but known ones that would change the output and are not supported
-    yet (logit_bias, response_format, tools, ...) are refused, so nobody silently gets the wrong thing.
+    yet (logit_bias, response_format, ...) are refused, so nobody silently gets the wrong thing.
     """
 
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).

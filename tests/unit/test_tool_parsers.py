@@ -62,6 +62,7 @@ FIXTURES: dict[str, tuple[str, str | None, list[tuple[str, str]]]] = {
 # Texts each family must leave as plain content.
 NOT_CALLS: dict[str, list[str]] = {
     "hermes": ["Just text.", "A <tool_call> that is not JSON", '<tool_call>\n{"arguments": {}}\n</tool_call>',
+               '<tool_call>{"name": "get_weather", "id": bogus, "arguments": {}}</tool_call>',
                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'],
     "llama3_json": ['{"answer": 42}', "Plain words.", '{"name": "get_weather", "parameters": [1]}'],
     "mistral": ["No calls.", "[TOOL_CALLS]not a name![ARGS]{}", "[TOOL_CALLS]get_weather[ARGS]{\"city\": "],

@@ -84,6 +84,7 @@ def read_call_object(text: str, pos: int, argument_keys: tuple[str, ...], final:
         if text[index] == "}":
             if call.name is None:
                 raise Malformed("a call object without a name")
+            _loads(text[pos:index + 1])  # the values of other keys are valid JSON too
             if not found_arguments:
                 call.arguments = "{}"
             return call, index + 1
@@ -105,22 +106,16 @@ def read_call_object(text: str, pos: int, argument_keys: tuple[str, ...], final:
         if index >= len(text):
             return call, None
         value_end = json_value_end(text, index, final)
+        if key in argument_keys:
+            found_arguments = True
+            call.arguments = arguments_text(text, index, value_end)
+        if value_end is None:
+            return call, None
         if key == "name":
-            if value_end is None:
-                return call, None
             name = _loads(text[index:value_end])
             if not isinstance(name, str) or not name:
                 raise Malformed("the name is not a string")
             call.name = name
-        elif key in argument_keys:
-            found_arguments = True
-            call.arguments = arguments_text(text, index, value_end)
-            if value_end is None:
-                return call, None
-        elif value_end is None:
-            return call, None
-        if value_end is None:
-            return call, None
         index = value_end
 
 
