@@ -7,7 +7,7 @@ as in vLLM's parser of the same name.
 from __future__ import annotations
 
 from rapid_llm.frontend.tool_parsers.base import (
-    Malformed, ParseResult, ToolParser, content_before, is_prefix_at, plain, skip_space)
+    Incomplete, Malformed, ParseResult, ToolParser, content_before, is_prefix_at, plain, skip_space)
 from rapid_llm.frontend.tool_parsers.json_calls import read_call_object
 
 START, END = "<tool_call>", "</tool_call>"
@@ -18,31 +18,28 @@ class HermesToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParseResult:
         content, start = content_before(text, START, final)
-        if start < 0:
-            return ParseResult(content)
         result = ParseResult(content)
         try:
             while start >= 0:
                 index = skip_space(text, start + len(START))
                 if index >= len(text):
-                    break
+                    raise Incomplete
                 if text[index] != "{":
                     raise Malformed("expected a call object")
                 call, end = read_call_object(text, index, ("arguments", "parameters"), final)
                 result.calls.append(call)
                 if end is None:
-                    break
+                    raise Incomplete
                 index = skip_space(text, end)
                 if index >= len(text) and final:
                     return result  # a model that stopped right after the object still made the call
                 if is_prefix_at(text, index, END):
-                    break
+                    raise Incomplete
                 if not text.startswith(END, index):
                     raise Malformed(f"expected {END}")
                 start = text.find(START, index + len(END))
-            else:
-                return result
+            return result
         except Malformed:
             return plain(text)
-        # The text ended inside a call.
-        return plain(text) if final else result
+        except Incomplete:
+            return plain(text) if final else result
