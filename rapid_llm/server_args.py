@@ -84,6 +84,11 @@ class ServerArgs:
                                       "a file, or the jinja template itself."})
     trust_request_chat_template: bool = field(default=False, metadata={"help": "Honour chat templates sent with "
                                               "a request (refused by default: they run on the server)."})
+    tool_call_parser: str | None = field(default=None, metadata={"help": "How tool calls are read from the "
+                                         "model's text for tool_choice auto: hermes, llama3_json, mistral, "
+                                         "qwen3_coder, deepseek_v3, deepseek_v31 or pythonic. See docs/tool_calling.md."})
+    enable_auto_tool_choice: bool = field(default=False, metadata={"help": "Allow tool_choice auto (the "
+                                          "default when a request has tools); needs --tool-call-parser."})
     shutdown_timeout: float = field(default=10.0, metadata={"help": "Seconds requests in flight may run on after "
                                     "SIGTERM; then each still open ends with an error."})
     max_request_body_size: str = field(default="8MiB", metadata={"help": "Largest request body accepted; larger "
@@ -143,6 +148,12 @@ class ServerArgs:
             raise ValueError(f"--port {self.port} is out of range; pass a port in 1-{MAX_PORT}")
         if not 0 <= self.shutdown_timeout <= 3600:
             raise ValueError(f"--shutdown-timeout {self.shutdown_timeout} must be within 0-3600 seconds")
+        if self.tool_call_parser is not None:
+            from rapid_llm.frontend.tool_parsers import parser_class
+
+            parser_class(self.tool_call_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (how to read the calls)")
 
     def frontend_options(self, sampling_defaults: dict[str, Any]):
         """The HTTP server's settings (chat template read from its file); errors name the flag."""
@@ -154,6 +165,8 @@ class ServerArgs:
             max_request_body_bytes=parse_size(self.max_request_body_size, "--max-request-body-size"),
             chat_template=None if self.chat_template is None else load_chat_template(self.chat_template),
             trust_request_chat_template=self.trust_request_chat_template,
+            tool_call_parser=self.tool_call_parser,
+            enable_auto_tool_choice=self.enable_auto_tool_choice,
             sampling_defaults=sampling_defaults,
         )
 

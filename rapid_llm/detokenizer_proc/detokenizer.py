@@ -1,7 +1,8 @@
 """The detokenizer's logic without I/O: `TokenBatch` in, `TextBatch` out, per-request state inside.
 
 Tokens are detokenized and checked for stop strings one at a time, so that a stop string completed
-in the middle of a multi-token update ends the request at exactly the token that completed it.
+in the middle of a multi-token update ends the request at exactly the token that completed it; the
+text ends right before the stop string, or right after it with `include_stop_str_in_output`.
 The tokenizer is the raw `tokenizers.Tokenizer` (no transformers import), which keeps start-up fast.
 """
 
@@ -35,12 +36,13 @@ def load_tokenizer(tokenizer_dir: str) -> Tokenizer:
 
 
 class _RequestState:
-    __slots__ = ("stream", "stops", "min_tokens", "num_output_tokens")
+    __slots__ = ("stream", "stops", "min_tokens", "include_stop", "num_output_tokens")
 
     def __init__(self, tokenizer: Tokenizer, request: DetokenizeRequest) -> None:
         self.stream = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, request.skip_special_tokens)
         self.stops = StopStringMatcher(request.stop)
         self.min_tokens = request.min_tokens
+        self.include_stop = request.include_stop_str_in_output
         self.num_output_tokens = 0
 
 
@@ -87,6 +89,8 @@ class Detokenizer:
             released, stop = state.stops.feed(text)
             pieces.append(released)
             if stop is not None:
+                if state.include_stop:
+                    pieces.append(stop)  # text after the stop string, within its token, is still cut
                 del self._requests[request_id]
                 if not finishing:
                     self._remember_stopped(request_id)

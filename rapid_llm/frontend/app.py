@@ -1,9 +1,10 @@
-"""The Starlette app: OpenAI routes plus /health, /version, /metrics, /server_info and /flush_cache.
+"""The Starlette app: OpenAI routes plus /health, /version, /metrics, /server_info, /flush_cache,
+/tokenize and /detokenize.
 
 Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
 INFO line (no traceback), server faults with their traceback in the log and only a request id in the
-body -- and the API key, when set, guards /v1/*, the state-changing /flush_cache and /server_info
-(it shows paths), so that probes and Prometheus scrapes need no secret (as in vLLM).
+body -- and the API key, when set, guards /v1/*, the state-changing /flush_cache, /server_info
+(it shows paths) and the tokenizer routes, so that probes and Prometheus scrapes need no secret.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
 from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
+from rapid_llm.frontend.serving_tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-_GUARDED_PATHS = ("/v1", "/flush_cache", "/server_info")
+_GUARDED_PATHS = ("/v1", "/flush_cache", "/server_info", "/tokenize", "/detokenize")
 
 
 def _client_error(request: Request, error: OpenAIError) -> Response:
@@ -131,6 +133,8 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
         Route("/metrics", metrics, methods=["GET"]),
         Route("/server_info", server_info, methods=["GET"]),
         Route("/flush_cache", _guarded(flush_cache, serving), methods=["POST"]),
+        Route("/tokenize", _guarded(tokenize, serving), methods=["POST"]),
+        Route("/detokenize", _guarded(detokenize, serving), methods=["POST"]),
     ]
     middleware = [Middleware(_ApiKeyMiddleware, api_key=options.api_key)] if options.api_key else []
     middleware.append(Middleware(RequestLimitsMiddleware, max_body_bytes=options.max_request_body_bytes))

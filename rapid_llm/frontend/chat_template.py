@@ -73,11 +73,15 @@ class ChatTemplate:
         return self.override
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               template_kwargs: dict[str, Any], request_template: str | None = None) -> str:
+               template_kwargs: dict[str, Any], request_template: str | None = None,
+               tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text; a 400 when the template fails, runs past its time limit or renders too much.
-        Blocking: call it from a worker thread."""
+        `tools` become the template's `tools` variable (as transformers passes them). Blocking: call it
+        from a worker thread."""
         template = self._template(request_template)
         options = {**template_kwargs, "tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            options["tools"] = tools
         sys.settrace(_deadline_tracer(time.monotonic() + RENDER_TIMEOUT_S))
         try:
             text = self.tokenizer.apply_chat_template(messages, chat_template=template, **options)

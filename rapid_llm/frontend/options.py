@@ -18,5 +18,7 @@ class FrontendOptions:
     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: str | None = None  # the template text that replaces the tokenizer's (--chat-template)
     trust_request_chat_template: bool = False  # honour templates sent with a request
+    tool_call_parser: str | None = None  # the family parser of tool_choice "auto" (--tool-call-parser)
+    enable_auto_tool_choice: bool = False  # allow tool_choice "auto" (--enable-auto-tool-choice)
     # SamplingParams defaults for fields a request leaves unset (--generation-config)
     sampling_defaults: dict[str, Any] = field(default_factory=dict)

@@ -31,8 +31,6 @@ def _unsupported_value(name: str, value: Any) -> bool:
     """True for a setting of a known OpenAI/vLLM field that rapid_llm cannot honour yet."""
     if name == "response_format":
         return not (isinstance(value, dict) and value.get("type") == "text")
-    if name == "tool_choice":
-        return value != "none"
     return bool(value)
 
 
@@ -40,7 +38,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras).
 
     Unknown fields are ignored, but known ones that would change the output and are not supported
-    yet (logit_bias, response_format, tools, ...) are refused, so nobody silently gets the wrong thing.
+    yet (logit_bias, response_format, ...) are refused, so nobody silently gets the wrong thing.
     """
 
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
@@ -65,11 +63,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool | None = True
     logit_bias: dict[str, float] | None = None
     response_format: Any = None
-    tools: Any = None
-    tool_choice: Any = None
     best_of: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool | None = None
+    user: str | None = None  # accepted and ignored, as in vLLM
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -81,14 +78,22 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
                 setattr(self, name, default)
 
     def _reject_unsupported(self) -> None:
-        unsupported = ("logit_bias", "response_format", "tools", "tool_choice", "include_stop_str_in_output", "guided_json", "guided_regex", "guided_choice",
+        unsupported = ("logit_bias", "response_format", "guided_json", "guided_regex", "guided_choice",
                        "guided_grammar")
         for name in unsupported:
             value = getattr(self, name)
             if value is not None and _unsupported_value(name, value):
                 raise bad_request(f"{name} is not supported by rapid_llm yet", param=name)
-        if self.best_of is not None and self.best_of != self.n:
-            raise bad_request("best_of other than n is not supported by rapid_llm yet", param="best_of")
+        if self.best_of is not None and self.best_of < self.n:
+            raise bad_request(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
+        if self.ranks_choices and self.stream:
+            raise bad_request("best_of greater than n cannot be streamed: the best choices are known only at "
+                              "the end", param="best_of")
+
+    @property
+    def ranks_choices(self) -> bool:
+        """best_of > n: generate best_of choices, answer with the n of highest cumulative logprob (vLLM)."""
+        return self.best_of is not None and self.best_of > self.n
 
     @property
     def include_usage(self) -> bool:
@@ -118,10 +123,15 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         }
         resolved = {name: defaults.get(name) if value is None else value
                     for name, value in optional.items()}
+        if self.ranks_choices:
+            # Ranking needs each sampled token's logprob; the response shows them only if asked.
+            logprobs = 0 if logprobs is None else logprobs
+            renames = {**renames, "n": "best_of"}
         params = SamplingParams(
-            n=self.n,
+            n=self.best_of if self.ranks_choices else self.n,
             max_tokens=max_tokens,
             stop=stop,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -169,15 +179,52 @@ class ContentPart(msgspec.Struct):
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # a JSON object, serialised (as OpenAI sends and returns it)
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: ChatRole
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ChatTool(msgspec.Struct):
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class FunctionName(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    function: FunctionName
+    type: Literal["function"] = "function"
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ChatCompletionRequest(GenerationRequest, kw_only=True):
     null_means: ClassVar[dict[str, Any]] = {**GenerationRequest.null_means, "logprobs": False,
-                                            "add_generation_prompt": True}
+                                            "add_generation_prompt": True, "parallel_tool_calls": True}
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -186,6 +233,24 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     add_generation_prompt: bool | None = True
     chat_template: str | None = None  # honoured only with --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None  # unset: "auto" with tools, else "none" (as OpenAI)
+    parallel_tool_calls: bool | None = True
+
+    @property
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the OpenAI dicts chat templates and parsers take."""
+        if self.tools is None:
+            return None
+        return [{"type": tool.type,
+                 "function": {k: v for k, v in msgspec.structs.asdict(tool.function).items() if v is not None}}
+                for tool in self.tools]
+
+    @property
+    def resolved_tool_choice(self) -> str | NamedToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
     @property
     def request_chat_template(self) -> str | None:

@@ -2,21 +2,31 @@
 
 Key design choice: the template is rendered to text and then encoded without special tokens, since
 the template already wrote them (encoding with them would add a second BOS). Streams open each
-choice with a `{"role": "assistant", "content": ""}` chunk, as vLLM and OpenAI do.
+choice with a `{"role": "assistant", "content": ""}` chunk, as vLLM and OpenAI do. With tool calling
+on (see tool_choice.py), each choice's text goes through its tool parser: a whole response gets
+`message.tool_calls`, a stream `delta.tool_calls`, and a choice that called tools finishes with
+"tool_calls" where it would have finished with "stop".
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from rapid_llm.frontend.errors import bad_request
-from rapid_llm.frontend.protocol import ChatCompletionRequest, ChatMessage
+from rapid_llm.frontend.chat_messages import message_dicts, num_chars
+from rapid_llm.frontend.protocol import ChatCompletionRequest
 from rapid_llm.frontend.serving_common import Serving, TokenStrings, clamp_logprob
+from rapid_llm.frontend.tool_choice import plan_tools
+from rapid_llm.frontend.tool_parsers import ToolParser
+from rapid_llm.frontend.tool_parsers.stream import ToolCallStreamer, limit_calls, tool_call_dict
 from rapid_llm.ipc.choice_output import ChoiceOutput
+
+
+def _tool_finish_reason(finish_reason: str | None) -> str | None:
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 class ChatFormat:
@@ -24,27 +34,56 @@ class ChatFormat:
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, token_strings: TokenStrings, logprobs: bool) -> None:
+    def __init__(self, token_strings: TokenStrings, logprobs: bool,
+                 make_tool_parser: Callable[[], ToolParser] | None = None, parallel_tool_calls: bool = True) -> None:
+        """`make_tool_parser`: a fresh parser per choice when tool calls are parsed, else None."""
         self.token_strings = token_strings
         self.logprobs = logprobs
+        self.make_tool_parser = make_tool_parser
+        self.parallel_tool_calls = parallel_tool_calls
+        self._streams: dict[int, ToolCallStreamer] = {}
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": output.text}
+        finish_reason = output.finish_reason
+        if self.make_tool_parser is not None:
+            parser = self.make_tool_parser()
+            result = limit_calls(parser.parse(output.text, final=True), self.parallel_tool_calls)
+            if result.calls:
+                message = {"role": "assistant", "content": result.content or None,
+                           "tool_calls": [tool_call_dict(parser.make_call_id(), call) for call in result.calls]}
+                finish_reason = _tool_finish_reason(finish_reason)
         return {
             "index": index,
-            "message": {"role": "assistant", "content": output.text},
+            "message": message,
             "logprobs": self._logprobs(output),
-            "finish_reason": output.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
         }
 
-    def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+    def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any] | None:
         text = output.text
+        # The closing chunk of a choice whose last step produced no text carries an empty delta.
+        delta: dict[str, Any] = {"content": text} if text else {}
+        finish_reason = output.finish_reason
+        if self.make_tool_parser is not None:
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = ToolCallStreamer(self.make_tool_parser(), self.parallel_tool_calls)
+            content, tool_calls = stream.feed(text, final=finish_reason is not None)
+            delta = {"content": content} if content else {}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
+            if stream.called_tools:
+                finish_reason = _tool_finish_reason(finish_reason)
+        logprobs = self._logprobs(output)
+        if not delta and finish_reason is None and (logprobs is None or not output.token_ids):
+            return None  # text a tool parser holds back until it knows what it is
         return {
             "index": index,
-            # The closing chunk of a choice whose last step produced no text carries an empty delta.
-            "delta": {"content": text} if text else {},
-            "logprobs": self._logprobs(output),
-            "finish_reason": output.finish_reason,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
         }
 
@@ -73,34 +112,20 @@ class ChatFormat:
         }
 
 
-def _message_dict(message: ChatMessage) -> dict[str, str]:
-    """The plain dict chat templates expect; text parts are joined with newlines like vLLM does."""
-    content = message.content
-    if isinstance(content, list):
-        if any(part.type != "text" or part.text is None for part in content):
-            raise bad_request("only text content parts are supported", param="messages")
-        content = "\n".join(part.text for part in content if part.text is not None)
-    rendered = {"role": message.role, "content": content or ""}
-    if message.name is not None:
-        rendered["name"] = message.name
-    return rendered
-
-
-async def _prompt_token_ids(serving: Serving, body: ChatCompletionRequest) -> list[int]:
-    if not body.messages:
-        raise bad_request("messages must not be empty", param="messages")
-    messages = [_message_dict(message) for message in body.messages]
-    serving.check_text_length(sum(len(message["content"]) for message in messages), "messages")
-    text = await asyncio.to_thread(serving.chat_template.render, messages, body.add_generation_prompt,
-                                   body.template_kwargs, body.request_chat_template)
-    return await serving.encode(text, "messages", add_special_tokens=False)
+async def chat_prompt_text(serving: Serving, body: ChatCompletionRequest) -> str:
+    """The request's messages (and tools) rendered by the chat template."""
+    messages = message_dicts(body.messages)
+    serving.check_text_length(num_chars(messages), "messages")
+    return await asyncio.to_thread(serving.chat_template.render, messages, body.add_generation_prompt,
+                                   body.template_kwargs, body.request_chat_template, body.tool_dicts)
 
 
 async def create_chat_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, ChatCompletionRequest)
-    prompt_ids = await _prompt_token_ids(serving, body)
+    plan = plan_tools(body, serving.options)
+    prompt_ids = await serving.encode(await chat_prompt_text(serving, body), "messages", add_special_tokens=False)
     max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.requested_max_tokens, body.max_tokens_param,
                                             "messages")
-    params = body.sampling_params(max_tokens, serving.options.sampling_defaults)
-    fmt = ChatFormat(serving.token_strings, params.logprobs is not None)
+    params = plan.apply(body.sampling_params(max_tokens, serving.options.sampling_defaults))
+    fmt = ChatFormat(serving.token_strings, bool(body.logprobs), plan.make_parser, body.parallel_tool_calls)
     return await serving.respond(request, fmt, body, [(prompt_ids, params)])

@@ -52,8 +52,8 @@ class ResponseFormat(Protocol):
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
         """A choice of the non-streaming response."""
 
-    def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
-        """A choice of one stream chunk (new text since the previous chunk)."""
+    def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any] | None:
+        """A choice of one stream chunk (new text since the previous chunk); None: nothing to send yet."""
 
     def opening_chunk_choice(self, index: int) -> dict[str, Any] | None:
         """A chunk choice sent before a choice's first output, if the format has one."""
@@ -234,8 +234,11 @@ class Serving:
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        # Every generated token counts, also those of choices best_of leaves out (as OpenAI bills them).
         completion_tokens = sum(len(out.token_ids) for out in outputs)
         cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs], n)
+        if body.ranks_choices:
+            outputs = best_choices(outputs, n, body.n)
         return json_response(
             {
                 **envelope,
@@ -291,7 +294,9 @@ class Serving:
                         opening = fmt.opening_chunk_choice(index)
                         if opening is not None:
                             yield sse_event({**envelope, "choices": [opening]})
-                    yield sse_event({**envelope, "choices": [fmt.chunk_choice(index, output)]})
+                    choice = fmt.chunk_choice(index, output)
+                    if choice is not None:
+                        yield sse_event({**envelope, "choices": [choice]})
                     pending[index] = ChoiceOutput()
         except OpenAIError as error:
             # Headers are sent already, so the error can only travel as an event (as vLLM does).
@@ -331,6 +336,20 @@ class Serving:
             for generator in generators:
                 await generator.aclose()  # type: ignore[attr-defined]  # engine iterators are async generators
             tracker.close()
+
+
+def cumulative_logprob(output: ChoiceOutput) -> float:
+    return sum(entry.logprob for entry in output.logprobs if entry is not None)
+
+
+def best_choices(outputs: list[ChoiceOutput], group: int, keep: int) -> list[ChoiceOutput]:
+    """Of each prompt's `group` consecutive outputs, the `keep` of highest cumulative logprob, best
+    first (vLLM's best_of)."""
+    best = []
+    for start in range(0, len(outputs), group):
+        ranked = sorted(outputs[start:start + group], key=cumulative_logprob, reverse=True)
+        best.extend(ranked[:keep])
+    return best
 
 
 async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:

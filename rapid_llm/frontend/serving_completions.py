@@ -148,7 +148,7 @@ async def _prompts(serving: Serving, prompt: str | list[int | str | list[int]], 
 
 async def create_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, CompletionRequest)
-    prompts = await _prompts(serving, body.prompt, body.n)
+    prompts = await _prompts(serving, body.prompt, max(body.n, body.best_of or 0))
     # Scoring a prompt alone still samples one token (which is dropped): the engine's steps end in a sample.
     requested_max_tokens = 1 if body.echo_only else body.max_tokens
     engine_prompts = []
@@ -158,6 +158,6 @@ async def create_completion(serving: Serving, request: Request) -> Response:
         engine_prompts.append((prompt.token_ids, params))
         if body.echo and prompt.text is None:
             prompt.text = await serving.decode(prompt.token_ids, params.skip_special_tokens)
-    fmt = CompletionFormat(serving.token_strings, body.logprobs, prompts, engine_prompts[0][1].n, echo=body.echo,
+    fmt = CompletionFormat(serving.token_strings, body.logprobs, prompts, body.n, echo=body.echo,
                            prompt_logprobs=body.prompt_logprobs)
     return await serving.respond(request, fmt, body, engine_prompts, drop_output=body.echo_only)

@@ -152,6 +152,7 @@ class DetokenizeRequest(_Part):
     stop: list[str] = []
     skip_special_tokens: bool = True
     min_tokens: int = 0  # stop strings are not matched before this many output tokens
+    include_stop_str_in_output: bool = False
 
 
 class TokenUpdate(_Part):

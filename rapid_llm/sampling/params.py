@@ -66,6 +66,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     stop: list[str] = []
+    include_stop_str_in_output: bool = False  # the matched stop string stays at the end of the text
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None

@@ -92,6 +92,7 @@ class Scheduler:
                 stop=request.params.stop,
                 skip_special_tokens=request.params.skip_special_tokens,
                 min_tokens=request.params.min_tokens,
+                include_stop_str_in_output=request.params.include_stop_str_in_output,
             )
         )
 

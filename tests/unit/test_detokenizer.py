@@ -200,6 +200,23 @@ def test_stop_strings_wait_for_min_tokens(tokenizer: Tokenizer) -> None:
         assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", "The")
 
 
+@pytest.mark.parametrize(("stop", "expected_text"), [
+    (["ra"], "The capital of Fra"),  # inside one token: the rest of "ran" is still cut
+    (["Paris"], "The capital of France is Paris"),  # across three tokens
+    (["The"], "The"),
+])
+@pytest.mark.parametrize("per_update", [1, 4])
+def test_include_stop_str_in_output_keeps_the_matched_stop_string(
+    tokenizer: Tokenizer, stop: list[str], expected_text: str, per_update: int
+) -> None:
+    detokenizer = Detokenizer(tokenizer)
+    request = DetokenizeRequest("r", encode(tokenizer, PROMPT), stop, include_stop_str_in_output=True)
+    detokenizer.process(TokenBatch(new_requests=[request]))
+    deltas = stream(detokenizer, encode(tokenizer, SENTENCE), per_update)
+    assert joined(deltas) == expected_text
+    assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", stop[0])
+
+
 def test_updates_after_a_stop_string_are_ignored(tokenizer: Tokenizer) -> None:
     detokenizer = Detokenizer(tokenizer)
     start_request(detokenizer, tokenizer, stop=("Paris",))

@@ -66,9 +66,7 @@ async def test_explicit_nulls_mean_the_defaults(client: httpx.AsyncClient, engin
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
-     ("tool_choice", "auto"), ("best_of", 3), ("include_stop_str_in_output", True),
-     ("guided_json", {"type": "object"})],
+    [("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}), ("guided_json", {"type": "object"})],
 )
 async def test_known_but_unsupported_fields_are_refused(client: httpx.AsyncClient, field: str, value: object) -> None:
     response = await client.post("/v1/completions", json={"prompt": "Hi", field: value})
@@ -303,8 +301,16 @@ async def test_openai_sdk_errors(sdk: openai.AsyncOpenAI) -> None:
         ("/v1/chat/completions", {**CHAT, "prompt_logprobs": 1}, "prompt_logprobs"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages[0].role"),
-        ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "Hi"}]}, "messages"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "Hi"}]}, "messages[0].tool_call_id"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content"),
+        ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user"}]},
+         "messages[1].content"),
+        ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+        ("/v1/chat/completions", {**CHAT, "user": 7}, "user"),
+        ("/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 1}, "best_of"),
+        ("/v1/completions", {"prompt": "Hi", "best_of": 129}, "best_of"),
+        ("/v1/completions", {"prompt": "Hi", "best_of": 2, "stream": True}, "best_of"),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
