@@ -27,7 +27,9 @@ logger = logging.getLogger("rapid_llm.quantize")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rapid_llm.quantize", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rapid_llm.quantize", description="GPTQ or AWQ int4 "
+                                     "quantization of a checkpoint, calibrated on local text; writes a checkpoint "
+                                     "rapid_llm loads.")
     parser.add_argument("--model", required=True, help="Checkpoint directory or demo model name (demo-target, ...).")
     parser.add_argument("--method", required=True, choices=["gptq", "awq"])
     parser.add_argument("--bits", type=int, default=4, choices=[4], help="Weight bits (only 4).")
