@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.quantization.int4_math import AWQ_ORDER, pack_int32, unpack_int32
+
+SCALE_DTYPE = dtype_from_name("float16")  # as AutoGPTQ / AutoAWQ store scales
 
 Canonical = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [out, in] uint8, scales, zeros fp32 [out, groups]
 
@@ -34,13 +37,13 @@ def canonical_to_gptq(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
     if bool((zeros < 1).any()):
         raise ValueError("GPTQ v1 checkpoints cannot hold a zero point of 0; quantize with min_zero=1")
     return {"qweight": pack_int32(q.t(), dim=0), "qzeros": pack_int32(zeros.t() - 1, dim=1),
-            "scales": scales.t().to(torch.float16).contiguous(), "g_idx": g_idx.to(torch.int32)}
+            "scales": scales.t().to(SCALE_DTYPE).contiguous(), "g_idx": g_idx.to(torch.int32)}
 
 
 def canonical_to_awq(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"qweight": pack_int32(q.t(), dim=1, order=AWQ_ORDER),
             "qzeros": pack_int32(zeros.t(), dim=1, order=AWQ_ORDER),
-            "scales": scales.t().to(torch.float16).contiguous()}
+            "scales": scales.t().to(SCALE_DTYPE).contiguous()}
 
 
 def contiguous_groups(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
