@@ -51,8 +51,10 @@ class ServerArgs:
     quantization: str | None = field(default=None, metadata={"help": "Quantize the weights of a bf16/fp32 "
                                      "checkpoint after loading (FP8 e4m3, W8A8 with dynamic activations): "
                                      + ", ".join(online_names()) + " (per-tensor; per-row; 128x128 or 32x32 blocks; "
-                                     "-ue8m0: power-of-two scales). FP8 checkpoints (quant_method fp8 or "
-                                     "fbgemm_fp8) load as quantized without it. See docs/quantization.md."})
+                                     "-ue8m0: power-of-two scales; w4a16 / w4a8: int4 round-to-nearest in groups "
+                                     "of 128, w4a8 with int8 per-token activations). FP8, GPTQ and AWQ checkpoints "
+                                     "(quant_method fp8, fbgemm_fp8, gptq, awq) load as quantized without it. See "
+                                     "docs/quantization.md and docs/quantization_int4.md."})
     max_model_len: int | None = field(default=None, metadata={"help": "Longest prompt + output in tokens "
                                       "(default: what the model supports)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests running in one step."})

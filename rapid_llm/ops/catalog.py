@@ -31,6 +31,12 @@ register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP
 # fp8_linear(x, fp8 weight, scales, input_scale, spec, bias): FP8 weight formats (rapid_llm/quantization/fp8_linear.py
 # binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype.
 register_op(name="fp8_linear", backend=REFERENCE, fn="rapid_llm.ops.fp8_linear:fp8_linear")
+# int4_linear implementations are Int4Kernels (rapid_llm/ops/int4_linear.py) owning their weight format: GPTQ, AWQ
+# and online int4 (rapid_llm/quantization/int4_linear.py). cpu_int4pack: torch's CPU int4 GEMM.
+register_op(name="int4_linear", backend=REFERENCE, fn="rapid_llm.ops.int4_linear:TORCH_INT4")
+register_op(name="int4_linear", backend="cpu_int4pack", fn="rapid_llm.ops.int4_linear:CPU_INT4PACK", priority=10,
+            conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
+                        "available": "rapid_llm.ops.int4_linear:int4pack_missing"})
 # fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
 # expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")

@@ -23,7 +23,9 @@ from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
 from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
 from rapid_llm.ops.fp8_linear import Fp8LinearSpec
+from rapid_llm.ops.int4_linear import Int4LinearSpec
 from rapid_llm.quantization.fp8_math import quantize_weight
+from rapid_llm.quantization.int4_math import quantize_rtn
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,25 @@ def _fp8_linear(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{t}, {d_in}] x fp8 [{d_out}, {d_in}] {variant}")
 
 
+def _int4_linear(config: CaseConfig, variant: str) -> OpInputs:
+    """The gate_up projection's weight as int4 (round-to-nearest; groups of 32 or one per row), W4A16 or W4A8."""
+    inputs, t = _Inputs(config), config.num_tokens
+    d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
+    group = d_in if variant.endswith("per-channel") else 32
+    q, scales, zeros = quantize_rtn(inputs.randn(d_out, d_in, scale=d_in**-0.5, dtype=torch.float32), group,
+                                    sym=variant.endswith("sym"))
+    spec = Int4LinearSpec(group, variant.startswith("w4a8"))
+    args = (inputs.randn(t, d_in), q.to(config.device), scales.to(config.device), zeros.to(config.device), spec,
+            inputs.randn(d_out))
+    return OpInputs(args, f"[{t}, {d_in}] x int4 [{d_out}, {d_in}] {variant}")
+
+
+def _int4_linear_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The weight in the kernel's own format, as Int4LinearMethod prepares it."""
+    x, q, scales, zeros, spec, bias = args
+    return (x, *kernel.prepare(q, scales, zeros, spec.group_size, x.dtype), spec, bias)
+
+
 def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
     inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
     num_blocks = -(-t // shape.block_size) + 1
@@ -310,6 +331,8 @@ OP_CASES: dict[str, OpCase] = {
     "rotary_embedding": OpCase(_rotary_embedding, variants=("full", "partial", "gptj", "gptj-partial")),
     "linear": OpCase(_linear, variants=("qkv", "o", "gate_up", "down"), prepare=_linear_prepared),
     "fp8_linear": OpCase(_fp8_linear, variants=("tensor", "row", "static", "block128", "block32", "block32-ue8m0")),
+    "int4_linear": OpCase(_int4_linear, variants=("w4a16-g32", "w4a16-g32-sym", "w4a16-per-channel", "w4a8-g32"),
+                          prepare=_int4_linear_prepared),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from rapid_llm.quantization.fp8_config import ONLINE_FP8, parse_fbgemm_fp8, parse_fp8
+from rapid_llm.quantization.int4_config import ONLINE_INT4, parse_awq, parse_gptq
 from rapid_llm.quantization.registry import register_quantization
 
 register_quantization(checkpoint={"fp8": parse_fp8, "fbgemm_fp8": parse_fbgemm_fp8}, online=dict(ONLINE_FP8))
+register_quantization(checkpoint={"gptq": parse_gptq, "awq": parse_awq}, online=dict(ONLINE_INT4))
