@@ -31,7 +31,7 @@ from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.kv_quant import is_fp8_kv
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.structured import StructuredOutputs
+from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 

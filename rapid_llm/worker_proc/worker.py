@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from rapid_llm.ipc.messages import NewRequest, SlotFailure, StepPlan, StepResult
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.structured import GrammarCompilerPool, StructuredOutputs
+from rapid_llm.structured.compiler import GrammarCompilerPool
+from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, StepOutput
 
 logger = logging.getLogger(__name__)
