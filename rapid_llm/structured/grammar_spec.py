@@ -5,7 +5,10 @@ Every kind becomes one of xgrammar's three inputs: a JSON schema (`json`; `json_
 strings as literals). JSON is generated without free whitespace (`, ` and `: ` separators, like vLLM's
 `disable_any_whitespace`), so output length is bounded by the values, not by how much whitespace a
 model emits; schemas are compiled in xgrammar's strict mode (no properties beyond the schema's unless
-additionalProperties allows them). The spec is hashable: it is the worker's compile-cache key.
+additionalProperties allows them). xgrammar 0.2.9 lets a string with minLength/maxLength hold raw control
+characters, which JSON forbids (mlc-ai/xgrammar#800); such a string is compiled as the equivalent
+`pattern` over the characters JSON allows unescaped instead. The spec is hashable: it is the worker's
+compile-cache key.
 Usage: `spec = GrammarSpec.of(params.structured_outputs); spec.check()` (the frontend, for a 400);
 `spec.compile(compiler)` (the worker).
 """
@@ -36,7 +39,7 @@ class GrammarSpec:
     @classmethod
     def of(cls, params: StructuredOutputsParams) -> GrammarSpec:
         if params.json is not None:
-            return cls("json", params.json)
+            return cls("json", _bounded_strings_as_patterns(params.json))
         if params.json_object:
             return cls("json", JSON_OBJECT_SCHEMA)
         if params.regex is not None:
@@ -74,6 +77,34 @@ class GrammarSpec:
             return compiler.compile_grammar(self.text)
         except RuntimeError as error:
             raise GrammarSpecError(_reason(error)) from None
+
+
+def _bounded_strings_as_patterns(schema_text: str) -> str:
+    """The schema with each length-bounded plain string (no pattern, format, enum or const) as a pattern of
+    that many JSON-safe characters; the text unchanged when there is none (or it is not JSON: check() says so)."""
+    try:
+        schema = json.loads(schema_text)
+    except json.JSONDecodeError:
+        return schema_text
+    changed = False
+
+    def visit(node: object) -> None:
+        nonlocal changed
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+        elif isinstance(node, dict):
+            for item in node.values():
+                visit(item)
+            bounded = "minLength" in node or "maxLength" in node
+            if (node.get("type") == "string" and bounded
+                    and not {"pattern", "format", "enum", "const"} & node.keys()):
+                low, high = node.pop("minLength", 0), node.pop("maxLength", "")
+                node["pattern"] = f"^[^\\x00-\\x1f\"\\\\]{{{low},{high}}}$"
+                changed = True
+
+    visit(schema)
+    return json.dumps(schema) if changed else schema_text
 
 
 def _reason(error: RuntimeError) -> str:
