@@ -81,7 +81,12 @@ class Worker:
         requests = [request for request in requests if request.slot not in self.failed_slots]
         output = self.runner.execute(requests, self.structured) if requests else StepOutput([], [], [])
         slots = [requests[row].slot for row in output.rows]
-        failures += self._fail_slots(self.structured.accept(slots, output.token_ids))
+        rejected = self.structured.accept(slots, output.token_ids)
+        if rejected:
+            failures += self._fail_slots(rejected)
+            kept = [i for i, slot in enumerate(slots) if slot not in rejected]
+            slots = [slots[i] for i in kept]
+            output.token_ids, output.logprobs = [output.token_ids[i] for i in kept], [output.logprobs[i] for i in kept]
         for slot, token in zip(slots, output.token_ids):
             self.slots[slot].output_token_ids.append(token)
         return StepResult(
