@@ -53,6 +53,17 @@ def test_every_schema_output_validates(llm) -> None:
     generate_every_schema(llm, SCHEMAS, MAX_TOKENS)
 
 
+def test_json_object_outputs_parse(llm) -> None:
+    """json_object's language is unbounded; these seeds' outputs end well inside the context (a length
+    finish would truncate, as in vLLM), and every one is a JSON object."""
+    params = [SamplingParams(temperature=temperature, seed=seed, max_tokens=500,
+                             structured_outputs=StructuredOutputsParams(json_object=True))
+              for temperature in (0.0, 1.0) for seed in range(6)]
+    for output in llm.generate([PROMPTS[0]] * len(params), params):
+        assert output.finish_reason == "stop"
+        assert isinstance(json.loads(output.text), dict)
+
+
 def test_preempted_requests_still_follow_the_schema(checkpoint, capfd) -> None:
     """Recompute re-adds a request with its outputs: its matcher is rebuilt through exactly those."""
     # The cache holds 160 tokens: a prompt plus 100 tokens fits; nested_arrays' longest output may not.
