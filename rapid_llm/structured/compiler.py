@@ -60,6 +60,3 @@ class GrammarCompilerPool:
     @staticmethod
     def _compile(compiler: Future[xgrammar.GrammarCompiler], spec: GrammarSpec) -> xgrammar.CompiledGrammar:
         return spec.compile(compiler.result())
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -28,7 +28,7 @@ class GrammarRejectedToken(RuntimeError):
 class RequestMatcher:
     def __init__(self, grammar: Future[xgrammar.CompiledGrammar], output_token_ids: Sequence[int],
                  stop_token_ids: Sequence[int]) -> None:
-        self.grammar = grammar
+        self._grammar = grammar
         self._replay = list(output_token_ids)
         self._stop_token_ids = list(stop_token_ids)
         self._matcher: xgrammar.GrammarMatcher | None = None
@@ -38,7 +38,7 @@ class RequestMatcher:
         if self._matcher is None:
             import xgrammar
 
-            matcher = xgrammar.GrammarMatcher(self.grammar.result())
+            matcher = xgrammar.GrammarMatcher(self._grammar.result())
             for token in self._replay:
                 if matcher.is_terminated():
                     break

@@ -6,8 +6,9 @@ sampled token is written back into it on the device, so a plan never has to carr
 its previous step samples (what lets the scheduler plan one step ahead). The step still ends
 by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
 one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
-only a request whose computed tokens reach the end of what it knows gets a token sampled. Requests
-that asked for prompt logprobs get them from the same step's hidden states.
+only a request whose computed tokens reach the end of what it knows gets a token sampled (through the
+worker's grammar bitmask when it has structured output). Requests that asked for prompt logprobs get
+them from the same step's hidden states.
 """
 
 from __future__ import annotations
