@@ -136,6 +136,7 @@ class ModelRunner:
         take then fails this one request when it is added, not a whole step later."""
         request = SamplingRequest(params, prompt_token_ids, output_token_ids, self.model_config.eos_token_ids)
         SamplingBatch.build([request], vocab_size=self.model_config.vocab_size, device=torch.device("cpu"))
+        LogitBias.build([params], self.model_config.vocab_size, torch.device("cpu"))
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
@@ -196,7 +197,8 @@ class ModelRunner:
             vocab_size=self.model_config.vocab_size,
             device=self.device,
         )
-        logit_bias = LogitBias.build([requests[i].sampling_params for i in sampling], self.device)
+        logit_bias = LogitBias.build([requests[i].sampling_params for i in sampling], self.model_config.vocab_size,
+                                     self.device)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
         rows = [requests[i] for i in sampling]
         self.token_pool[[r.slot for r in rows], [r.end for r in rows]] = sampled.token_ids.to(torch.int32)

@@ -177,10 +177,18 @@ def test_the_sampler_samples_only_allowed_tokens(backend: str) -> None:
 def test_logit_bias_moves_the_greedy_pick() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0], [2.0, 0.0, 1.0]])
     params = [SamplingParams(temperature=0.0, logit_bias={2: 10.0}), SamplingParams(temperature=0.0)]
-    bias = LogitBias.build(params, torch.device("cpu"))
+    bias = LogitBias.build(params, 3, torch.device("cpu"))
     out = Sampler()(logits, sampling_batch(params, 3), logit_bias=bias)
     assert out.token_ids.tolist() == [2, 0] and logits[0, 2] == 1.0  # the caller's logits are untouched
-    assert LogitBias.build([SamplingParams()], torch.device("cpu")) is None
+    assert LogitBias.build([SamplingParams()], 3, torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        LogitBias.build([SamplingParams(logit_bias={3: 1.0})], 3, torch.device("cpu"))
+
+
+def test_a_logit_bias_past_the_vocabulary_aborts_only_its_request(runner: ModelRunner) -> None:
+    """The offline LLM skips the frontend's check: the worker's own refuses it when the request is added."""
+    failing = greedy("failing", SHARED_PROMPT, logit_bias={10**6: 1.0})
+    assert "outside the vocabulary" in check_only_the_failing_request_aborts(runner, failing)
 
 
 def test_a_grammar_that_fails_to_compile_aborts_only_its_request(runner: ModelRunner) -> None:
