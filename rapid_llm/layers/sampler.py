@@ -4,7 +4,8 @@ Pipeline: grammar bitmask (structured output, the `apply_token_bitmask` op) -> l
 -> min_tokens mask -> temperature -> top-k/top-p (the `top_k_top_p_filter` op)
 -> min-p -> sample, with greedy rows taking the argmax of the penalised logits. Sampling is an
 exponential race, argmax(logit - log E) with E ~ Exp(1), which needs no softmax, cumsum or
-multinomial. The bitmask and logit_bias act on a float32 copy, as inputs of every later stage. For rows with a seed, E comes from a counter-based hash of (seed, step, token id) in
+multinomial. The bitmask and logit_bias act on a float32 copy, as inputs of every later stage. For
+rows with a seed, E comes from a counter-based hash of (seed, step, token id) in
 int64 torch ops rather than from an RNG stream, so a seeded request draws the same tokens whatever
 shares its batch and on CPU and CUDA alike. Logprobs are the raw model distribution (before
 the bitmask, bias, penalties and temperature).
