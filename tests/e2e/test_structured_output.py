@@ -32,7 +32,6 @@ def json_params(schema: dict, **overrides: object) -> SamplingParams:
 @pytest.fixture(scope="module", params=list(ENGINES))
 def llm(request, checkpoint):
     with LLM(model=str(checkpoint), num_kv_blocks=256, **ENGINES[request.param]) as engine:
-        engine.schedule = request.param
         yield engine
 
 
