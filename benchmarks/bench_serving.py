@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ignore-eos", action="store_true", help="Send ignore_eos (always on for random).")
     parser.add_argument("--temperature", type=float, default=None, help="Default: the server's.")
     parser.add_argument("--extra-body", type=json.loads, default=None, help="JSON merged into every request.")
+    parser.add_argument("--json-schema-path", type=Path, default=None,
+                        help="Structured-output workload: send this JSON schema as response_format json_schema "
+                             "(e.g. benchmarks/schemas/records.json).")
+    parser.add_argument("--structured-output-ratio", type=float, default=1.0,
+                        help="Share of requests that carry --json-schema-path (spread evenly), as vLLM's "
+                             "structured-output benchmark.")
     parser.add_argument("--num-warmups", type=int, default=0, help="Requests sent (with the first prompt) first.")
     parser.add_argument("--percentile-metrics", default="ttft,tpot,itl",
                         help="Of ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue.")
@@ -87,7 +93,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--max-concurrency must be at least 1")
     if args.num_warmups < 0:
         parser.error("--num-warmups must be non-negative")
+    if not 0.0 <= args.structured_output_ratio <= 1.0:
+        parser.error("--structured-output-ratio must be in [0, 1]")
     return args
+
+
+def structured_bodies(args: argparse.Namespace, num_requests: int, extra_body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each request's extra body: `extra_body`, plus the schema for the --structured-output-ratio share of them
+    (request i is constrained when floor((i + 1) * ratio) passes an integer, so the share is exact and even)."""
+    if args.json_schema_path is None:
+        return [extra_body] * num_requests
+    schema = json.loads(args.json_schema_path.read_text())
+    constrained = {**extra_body, "response_format": {
+        "type": "json_schema", "json_schema": {"name": args.json_schema_path.stem, "schema": schema}}}
+    ratio = args.structured_output_ratio
+    return [constrained if math.floor((i + 1) * ratio) > math.floor(i * ratio) else extra_body
+            for i in range(num_requests)]
 
 
 def first_model(base_url: str) -> tuple[str, str]:
@@ -189,8 +210,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sampling = {"temperature": args.temperature} if args.temperature is not None else {}
     extra_body = {**sampling, **(args.extra_body or {})}
     inputs = [
-        RequestInput(api_url, model_name, s.prompt, s.prompt_len, s.expected_output_len, args.ignore_eos, extra_body)
-        for s in samples
+        RequestInput(api_url, model_name, s.prompt, s.prompt_len, s.expected_output_len, args.ignore_eos, body)
+        for s, body in zip(samples, structured_bodies(args, len(samples), extra_body))
     ]
     offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed)
     distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
@@ -223,6 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
+        "json_schema_path": str(args.json_schema_path) if args.json_schema_path else None,
+        "structured_output_ratio": args.structured_output_ratio if args.json_schema_path else None,
         **result_dict(metrics, outcomes, duration),
         "environment": collect_environment(fetch_server_info(base_url, auth_headers())),
     }

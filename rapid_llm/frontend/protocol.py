@@ -14,8 +14,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 import msgspec
 
 from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.frontend.structured_request import ResponseFormat, StructuredOutputsRequest, structured_outputs_of
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.sampling.params import SamplingParamsError
+from rapid_llm.sampling.params import SamplingParamsError, StructuredOutputsParams
 
 _ERROR_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
@@ -27,18 +28,10 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-def _unsupported_value(name: str, value: Any) -> bool:
-    """True for a setting of a known OpenAI/vLLM field that rapid_llm cannot honour yet."""
-    if name == "response_format":
-        return not (isinstance(value, dict) and value.get("type") == "text")
-    return bool(value)
-
-
 class GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras).
 
-    Unknown fields are ignored, but known ones that would change the output and are not supported
-    yet (logit_bias, response_format, ...) are refused, so nobody silently gets the wrong thing.
+    Unknown fields are ignored, as vLLM does; every known one is honoured or refused with a 400 naming it.
     """
 
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
@@ -62,28 +55,25 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
     logit_bias: dict[str, float] | None = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    tools: Any = None
+    tool_choice: Any = None
     best_of: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool | None = None
     user: str | None = None  # accepted and ignored, as in vLLM
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def __post_init__(self) -> None:
         for name, default in self.null_means.items():
             if getattr(self, name) is None:
                 setattr(self, name, default)
 
-    def _reject_unsupported(self) -> None:
-        unsupported = ("logit_bias", "response_format", "guided_json", "guided_regex", "guided_choice",
-                       "guided_grammar")
-        for name in unsupported:
-            value = getattr(self, name)
-            if value is not None and _unsupported_value(name, value):
-                raise bad_request(f"{name} is not supported by rapid_llm yet", param=name)
+    def _check_best_of(self) -> None:
         if self.best_of is not None and self.best_of < self.n:
             raise bad_request(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
         if self.ranks_choices and self.stream:
@@ -95,6 +85,22 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         """best_of > n: generate best_of choices, answer with the n of highest cumulative logprob (vLLM)."""
         return self.best_of is not None and self.best_of > self.n
 
+    def structured_outputs_params(self) -> tuple[StructuredOutputsParams | None, str | None]:
+        """The output constraint (response_format, structured_outputs or guided_*) and its field's name."""
+        guided = {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                  "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar}
+        return structured_outputs_of(self.response_format, self.structured_outputs, guided)
+
+    def logit_bias_params(self) -> dict[int, float] | None:
+        """OpenAI's logit_bias keys are token ids written as strings."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(token): bias for token, bias in self.logit_bias.items()}
+        except ValueError:
+            raise bad_request("logit_bias keys must be token ids (integers written as strings)",
+                              param="logit_bias") from None
+
     @property
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
@@ -105,7 +111,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     ) -> SamplingParams:
         """Validated params; fields left unset take `defaults` (--generation-config, SamplingParams names);
         `renames` maps SamplingParams field names to this request's names."""
-        self._reject_unsupported()
+        self._check_best_of()
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if any(not s for s in stop):
             raise bad_request("stop strings must not be empty", param="stop")
@@ -136,6 +142,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_outputs_params()[0],
+            logit_bias=self.logit_bias_params(),
             **{name: value for name, value in resolved.items() if value is not None},
         )
         try:

@@ -27,6 +27,7 @@ from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
 from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
+from rapid_llm.frontend.structured_request import check_structured_outputs
 from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.ipc.messages import TextDelta
 from rapid_llm.sampling import ContextLengthError, SamplingParams, fit_max_tokens
@@ -159,6 +160,9 @@ class Serving:
         if any(token_id >= self.vocab_size for token_id in params.stop_token_ids):
             raise bad_request(f"stop_token_ids has token ids outside the vocabulary [0, {self.vocab_size})",
                               param="stop_token_ids")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise bad_request(f"logit_bias has token ids outside the vocabulary [0, {self.vocab_size})",
+                              param="logit_bias")
         if params.top_k > self.vocab_size:
             raise bad_request(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}",
                               param="top_k")
@@ -208,6 +212,9 @@ class Serving:
         `drop_output`: the generated tokens are not part of the answer (echo with max_tokens 0)."""
         for _, params in prompts:
             self.check_vocab_params(params)
+        structured, structured_field = body.structured_outputs_params()
+        if structured is not None:
+            await asyncio.to_thread(check_structured_outputs, structured, structured_field)
         envelope = {
             "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
             "object": fmt.object_name,

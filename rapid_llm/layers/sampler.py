@@ -1,12 +1,14 @@
 """Turns a batch of logits into next tokens (and optional logprobs) entirely on the device.
 
-Pipeline: penalties -> min_tokens mask -> temperature -> top-k/top-p (the `top_k_top_p_filter` op)
+Pipeline: grammar bitmask (structured output, the `apply_token_bitmask` op) -> logit_bias -> penalties
+-> min_tokens mask -> temperature -> top-k/top-p (the `top_k_top_p_filter` op)
 -> min-p -> sample, with greedy rows taking the argmax of the penalised logits. Sampling is an
 exponential race, argmax(logit - log E) with E ~ Exp(1), which needs no softmax, cumsum or
-multinomial. For rows with a seed, E comes from a counter-based hash of (seed, step, token id) in
+multinomial. The bitmask and logit_bias act on a float32 copy, as inputs of every later stage. For
+rows with a seed, E comes from a counter-based hash of (seed, step, token id) in
 int64 torch ops rather than from an RNG stream, so a seeded request draws the same tokens whatever
 shares its batch and on CPU and CUDA alike. Logprobs are the raw model distribution (before
-penalties and temperature).
+the bitmask, bias, penalties and temperature).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rapid_llm import ops
+from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.penalties import apply_penalties
 from rapid_llm.layers.sampling_batch import SamplingBatch, to_int64
 
@@ -35,8 +38,18 @@ class SamplerOutput:
 class Sampler:
     """Stateless: everything per-step lives in the `SamplingBatch`."""
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        processed = apply_penalties(logits, batch)
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch, token_bitmask: torch.Tensor | None = None,
+                 logit_bias: LogitBias | None = None) -> SamplerOutput:
+        """`token_bitmask`: int32 [B, ceil(V / 32)] allowed tokens per row (xgrammar's layout; all ones for
+        unconstrained rows), on the logits' device."""
+        processed = logits
+        if token_bitmask is not None or logit_bias is not None:
+            processed = logits.float().clone()
+            if token_bitmask is not None:
+                processed = ops.apply_token_bitmask(processed, token_bitmask)
+            if logit_bias is not None:
+                processed = logit_bias.apply(processed)
+        processed = apply_penalties(processed, batch)
         if batch.banned_mask is not None:
             processed = processed.masked_fill(batch.banned_mask, float("-inf"))
         token_ids = _sample(processed, batch)

@@ -16,6 +16,7 @@ linear = REGISTRY.op("linear")
 kv_cache_store = REGISTRY.op("kv_cache_store")
 fused_moe = REGISTRY.op("fused_moe")
 top_k_top_p_filter = REGISTRY.op("top_k_top_p_filter")
+apply_token_bitmask = REGISTRY.op("apply_token_bitmask")
 
-__all__ = ["REGISTRY", "catalog", "fused_add_rms_norm", "fused_moe", "kv_cache_store", "linear", "rms_norm", "rotary_embedding",
+__all__ = ["REGISTRY", "apply_token_bitmask", "catalog", "fused_add_rms_norm", "fused_moe", "kv_cache_store", "linear", "rms_norm", "rotary_embedding",
            "silu_and_mul", "top_k_top_p_filter"]

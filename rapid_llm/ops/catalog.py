@@ -48,6 +48,10 @@ register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attentio
 register_op(name="top_k_top_p_filter", backend=REFERENCE, fn="rapid_llm.ops.top_k_top_p:top_k_top_p_filter")
 register_op(name="top_k_top_p_filter", backend="torch_topk", fn="rapid_llm.ops.top_k_top_p:top_k_top_p_filter_topk",
             priority=10)
+# Structured output: a grammar's token bitmask onto the logits; xgrammar's kernel wherever the library is installed.
+register_op(name="apply_token_bitmask", backend=REFERENCE, fn="rapid_llm.ops.token_bitmask:apply_token_bitmask")
+register_op(name="apply_token_bitmask", backend="xgrammar",
+            fn="rapid_llm.ops.token_bitmask:apply_token_bitmask_xgrammar", priority=10, conditions={"lib": "xgrammar"})
 # Attention's implementation is an AttentionBackend (metadata built once per step, then a forward per
 # layer): the worker selects it once for the model's device and dtype and binds it to every layer.
 register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.torch_ref:TORCH_REF_BACKEND")

@@ -240,6 +240,24 @@ def _top_k_top_p_filter(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{rows}, {vocab_size}]")
 
 
+def _apply_token_bitmask(config: CaseConfig, variant: str) -> OpInputs:
+    """A grammar's mask: "random" words (every bit pattern, sign bit included) or "sparse" (a JSON value's
+    few allowed tokens); row 0 is all ones, what an unconstrained row of a mixed batch gets."""
+    inputs, rows, vocab_size = _Inputs(config), config.num_tokens, config.shape.vocab_size
+    words = (vocab_size + 31) // 32
+    generator = inputs.generator
+    if variant == "random":
+        bitmask = torch.randint(-(2**31), 2**31, (rows, words), generator=generator, dtype=torch.int64)
+    else:
+        allowed = torch.rand(rows, words * 32, generator=generator) < 0.01
+        weights = torch.tensor([1 << bit for bit in range(32)], dtype=torch.int64)
+        bitmask = (allowed.view(rows, words, 32).to(torch.int64) * weights).sum(-1)
+        bitmask = torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask)
+    bitmask[0] = -1
+    logits = inputs.randn(rows, vocab_size, dtype=torch.float32)
+    return OpInputs((logits, bitmask.to(torch.int32).to(config.device)), f"[{rows}, {vocab_size}]")
+
+
 def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
     """A decode batch (one new token per sequence, each after context_len minus a few cached tokens) or a
     prefill batch (a chunk after context_len cached tokens, plus a fresh prompt), over shuffled blocks;
@@ -337,6 +355,8 @@ OP_CASES: dict[str, OpCase] = {
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
                                  why_dtypes="the sampler filters float32 logits", exact=True),
+    "apply_token_bitmask": OpCase(_apply_token_bitmask, variants=("random", "sparse"), dtypes=("float32",),
+                                  why_dtypes="the sampler masks float32 logits", exact=True),
     "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),
     "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
     "dsv4_attention": OpCase(_dsv4_attention, variants=("decode", "prefill"), run=_dsv4_attention_step),

@@ -13,6 +13,7 @@ import msgspec
 MAX_LOGPROBS = 20
 MAX_N = 128  # OpenAI's limit on choices per request
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values is [-100, 100]
 
 
 class SamplingParamsError(ValueError):
@@ -73,6 +74,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
 
     @property
     def is_greedy(self) -> bool:
@@ -109,6 +111,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
              f"must be in [0, {MAX_LOGPROBS}]"),
             ("stop_token_ids", all(0 <= t <= INT64_MAX for t in self.stop_token_ids),
              f"must be token ids in [0, {INT64_MAX}]"),
+            ("logit_bias", not self.logit_bias or all(
+                0 <= t <= INT64_MAX and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for t, b in self.logit_bias.items()),
+             f"must map token ids to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"),
         ]
         for field, ok, rule in checks:
             if not ok:

@@ -6,8 +6,9 @@ sampled token is written back into it on the device, so a plan never has to carr
 its previous step samples (what lets the scheduler plan one step ahead). The step still ends
 by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
 one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
-only a request whose computed tokens reach the end of what it knows gets a token sampled. Requests
-that asked for prompt logprobs get them from the same step's hidden states.
+only a request whose computed tokens reach the end of what it knows gets a token sampled (through the
+worker's grammar bitmask when it has structured output). Requests that asked for prompt logprobs get
+them from the same step's hidden states.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.ipc.messages import PromptLogprobs, TokenLogprobs
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
+from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.sampler import Sampler
 from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
 from rapid_llm.model_loader import load_model
@@ -30,6 +32,7 @@ from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.kv_quant import is_fp8_kv
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 
@@ -133,6 +136,7 @@ class ModelRunner:
         take then fails this one request when it is added, not a whole step later."""
         request = SamplingRequest(params, prompt_token_ids, output_token_ids, self.model_config.eos_token_ids)
         SamplingBatch.build([request], vocab_size=self.model_config.vocab_size, device=torch.device("cpu"))
+        LogitBias.build([params], self.model_config.vocab_size, torch.device("cpu"))
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
@@ -169,11 +173,14 @@ class ModelRunner:
         return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
 
     @torch.inference_mode()
-    def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
+    def execute(self, requests: Sequence[ScheduledRequest], structured: StructuredOutputs | None = None) -> StepOutput:
+        """`structured`: the worker's grammar state; its bitmask for the sampling rows is filled on the host
+        while the device runs the forward."""
         hidden_states = self.forward(requests)
+        sampling = [i for i, request in enumerate(requests) if request.samples_this_step]
+        token_bitmask = structured.fill_bitmask([requests[i] for i in sampling], self.device) if structured else None
         prompt_logprobs = score_prompts(self.model, hidden_states, requests)
         last_token_index = torch.cumsum(torch.tensor([r.num_new_tokens for r in requests]), 0) - 1
-        sampling = [i for i, request in enumerate(requests) if request.samples_this_step]
         if not sampling:
             return StepOutput([], [], [], prompt_logprobs)
         logits = self.model.compute_logits(hidden_states[last_token_index[sampling].to(self.device)])
@@ -190,7 +197,9 @@ class ModelRunner:
             vocab_size=self.model_config.vocab_size,
             device=self.device,
         )
-        sampled = self.sampler(logits, sampling_batch)
+        logit_bias = LogitBias.build([requests[i].sampling_params for i in sampling], self.model_config.vocab_size,
+                                     self.device)
+        sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
         rows = [requests[i] for i in sampling]
         self.token_pool[[r.slot for r in rows], [r.end for r in rows]] = sampled.token_ids.to(torch.int32)
         return StepOutput(

@@ -50,7 +50,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
         report_failure(ready, error)
         sys.exit(1)
 
-    worker = Worker(runner)
+    worker = Worker(runner, config.tokenizer)
     while True:
         message = plans.recv()
         if isinstance(message, Shutdown):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from rapid_llm.ipc.messages import NewRequest, SlotFailure, StepPlan, StepResult
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.structured.compiler import GrammarCompilerPool
+from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, StepOutput
 
 logger = logging.getLogger(__name__)
@@ -30,8 +32,12 @@ class SlotState:
 
 
 class Worker:
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: str | None = None) -> None:
+        """`tokenizer`: the directory structured output builds its vocabulary from (default: the model's)."""
         self.runner = runner
+        model = runner.model_config
+        self.structured = StructuredOutputs(GrammarCompilerPool(
+            tokenizer or model.model, model.vocab_size, model.eos_token_ids, model.trust_remote_code))
         self.slots: dict[int, SlotState] = {}
         self.failed_slots: dict[int, SlotFailure] = {}  # until the scheduler releases the slot
 
@@ -39,6 +45,7 @@ class Worker:
         for slot in plan.released_slots:
             self.slots.pop(slot, None)
             self.failed_slots.pop(slot, None)
+            self.structured.remove(slot)
         for new in plan.new_requests:
             try:
                 self.add_request(new)
@@ -69,8 +76,17 @@ class Worker:
                 block_table=state.block_table,
                 sampling_params=state.params,
             ))
-        output = self.runner.execute(requests) if requests else StepOutput([], [], [])
+        # Structured output: a sampling request whose grammar cannot be built fails alone, before the step.
+        failures += self._fail_slots(self.structured.wait_for_grammars(requests))
+        requests = [request for request in requests if request.slot not in self.failed_slots]
+        output = self.runner.execute(requests, self.structured) if requests else StepOutput([], [], [])
         slots = [requests[row].slot for row in output.rows]
+        rejected = self.structured.accept(slots, output.token_ids)
+        if rejected:
+            failures += self._fail_slots(rejected)
+            kept = [i for i, slot in enumerate(slots) if slot not in rejected]
+            slots = [slots[i] for i in kept]
+            output.token_ids, output.logprobs = [output.token_ids[i] for i in kept], [output.logprobs[i] for i in kept]
         for slot, token in zip(slots, output.token_ids):
             self.slots[slot].output_token_ids.append(token)
         return StepResult(
@@ -87,4 +103,11 @@ class Worker:
         prompt, outputs = new.token_ids[: new.num_prompt_tokens], new.token_ids[new.num_prompt_tokens :]
         self.runner.check_sampling(new.params, prompt, outputs)
         self.runner.add_request(new.slot, new.token_ids)
+        self.structured.add(new.slot, new.params, outputs)
         self.slots[new.slot] = SlotState(new.request_id, prompt, outputs, new.params)
+
+    def _fail_slots(self, errors: dict[int, str]) -> list[SlotFailure]:
+        """Fail these slots' requests alone (kept failed until the scheduler releases the slot)."""
+        for slot, error in errors.items():
+            self.failed_slots[slot] = SlotFailure(slot, self.slots[slot].request_id, error)
+        return [self.failed_slots[slot] for slot in errors]

@@ -23,3 +23,17 @@ def test_a_refused_key_while_listing_models_names_openai_api_key(monkeypatch: py
     monkeypatch.setattr(bench_serving.httpx, "get", refuse)
     with pytest.raises(RuntimeError, match="HTTP 401 .*OPENAI_API_KEY is not set"):
         bench_serving.first_model("http://127.0.0.1:30000")
+
+
+@pytest.mark.parametrize(("ratio", "constrained"), [(1.0, 8), (0.5, 4), (0.25, 2), (0.0, 0)])
+def test_the_structured_output_share_is_exact_and_spread(ratio: float, constrained: int) -> None:
+    args = bench_serving.parse_args(["--json-schema-path", "benchmarks/schemas/records.json",
+                                     "--structured-output-ratio", str(ratio)])
+    bodies = bench_serving.structured_bodies(args, 8, {"temperature": 0.0})
+    flags = ["response_format" in body for body in bodies]
+    assert sum(flags) == constrained and all(body["temperature"] == 0.0 for body in bodies)
+    if constrained == 4:
+        assert flags == [False, True] * 4
+    schema = next((body["response_format"] for body in bodies if "response_format" in body), None)
+    assert schema is None or schema["json_schema"]["schema"]["required"] == ["records"]
+    assert bench_serving.structured_bodies(bench_serving.parse_args([]), 3, {"a": 1}) == [{"a": 1}] * 3

@@ -73,7 +73,6 @@ def test_auto_tool_choice_needs_the_flag(client: openai.OpenAI) -> None:
     assert error.value.body["param"] == "tool_choice"
 
 
-@pytest.mark.skip(reason="the worker does not enforce structured_outputs yet (issue 14 item 1); enable then")
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_and_named_tool_choice_always_call_with_valid_arguments(tool_client, tool_choice, stream) -> None:

@@ -64,17 +64,6 @@ async def test_explicit_nulls_mean_the_defaults(client: httpx.AsyncClient, engin
     assert engine.requests[-1][2].skip_special_tokens is True
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}), ("guided_json", {"type": "object"})],
-)
-async def test_known_but_unsupported_fields_are_refused(client: httpx.AsyncClient, field: str, value: object) -> None:
-    response = await client.post("/v1/completions", json={"prompt": "Hi", field: value})
-    assert response.status_code == 400 and response.json()["error"]["param"] == field
-    harmless = {"logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "none", "best_of": 1}
-    assert (await client.post("/v1/completions", json={"prompt": "Hi", **harmless})).status_code == 200
-
-
 async def test_chat_completion(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     body = (await client.post("/v1/chat/completions", json=CHAT)).json()
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"

@@ -262,7 +262,7 @@ def test_flag_wins_over_env_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_server_flag_errors_are_one_line(tiny_checkpoint) -> None:
-    with pytest.raises(ValueError, match="^--op-backend: unknown op 'flash_attn'; ops: attention, "):
+    with pytest.raises(ValueError, match="^--op-backend: unknown op 'flash_attn'; ops: apply_token_bitmask, attention, "):
         ServerArgs(op_backend="flash_attn=torch_ref").engine_config(str(tiny_checkpoint()))
     with pytest.raises(ValueError, match="^--op-backend: 'rms_norm' is not OP=BACKEND"):
         ServerArgs(op_backend="rms_norm").op_backends()
