@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -99,10 +99,14 @@ class ModelRunner:
         # the step's metadata once and computes every layer.
         attention_op = attention_op_of(attention_layers(self.model))
         self.backend = self._select_attention(attention_op)
-        self.kv_cache = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
+        # An explicit --num-kv-blocks counts the blocks requests may use: the padding block comes on top. A
+        # memory budget pays for it.
+        allocated = cache_config if cache_config.num_blocks is None else replace(cache_config,
+                                                                                 num_blocks=cache_config.num_blocks + 1)
+        self.kv_cache = allocate_kv_cache(self.model, model_config, allocated, self.backend, self.device)
         if self.kv_cache.num_blocks < 2:
-            raise ValueError(f"{self.kv_cache.num_blocks} KV block: at least 2 are needed, one is reserved as the "
-                             "padding block; raise --num-kv-blocks or --kv-cache-memory")
+            raise ValueError(f"the KV cache budget holds {self.kv_cache.num_blocks} block: at least 2 are needed, "
+                             "one is the padding block; raise --kv-cache-memory or --gpu-memory-utilization")
         # The last block is the padding block: what padded rows (CUDA graph buckets) read and write, and what
         # block tables are padded with. The scheduler hands out only the others.
         self.padding_block = self.kv_cache.num_blocks - 1

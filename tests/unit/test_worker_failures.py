@@ -24,11 +24,10 @@ BLOCK_SIZE = 4
 SHARED_PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks, cached for the requests after the first
 
 
-# 128 usable blocks (= max_model_len 512 tokens) plus the padding block.
 @pytest.fixture(scope="module")
 def runner(tiny_checkpoint) -> ModelRunner:
     model = ModelConfig.from_pretrained(str(tiny_checkpoint("LlamaForCausalLM")))
-    return ModelRunner(model, CacheConfig(block_size=BLOCK_SIZE, num_blocks=129), DeviceConfig("cpu"), max_num_seqs=8)
+    return ModelRunner(model, CacheConfig(block_size=BLOCK_SIZE, num_blocks=128), DeviceConfig("cpu"), max_num_seqs=8)
 
 
 def roundtrip(message: StepPlan | StepResult) -> StepPlan | StepResult:
