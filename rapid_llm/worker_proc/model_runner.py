@@ -202,7 +202,9 @@ class ModelRunner:
         last_token_index, slots_on_device, positions = to_device(
             [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
              torch.from_numpy(ends[samples])], self.device)
-        logits = self.model.compute_logits(hidden_states[last_token_index])
+        # A decode step samples every token: no gather.
+        every_token = samples.size == hidden_states.shape[0]
+        logits = self.model.compute_logits(hidden_states if every_token else hidden_states[last_token_index])
         num_outputs = batch.num_tokens[sample_slots] - batch.num_prompt_tokens[sample_slots]
         sampling_batch = batch.sampling.batch(sample_slots, slots_on_device, num_outputs)
         sampled = self.sampler(logits, sampling_batch)
@@ -261,15 +263,19 @@ class ModelRunner:
 
     def load(self, requests: Sequence[ScheduledRequest]) -> None:
         """Bring each request's row up to date: reloaded when the slot holds another request or another token
-        count than the row knows, then extended by the blocks the row lacks."""
+        count than the row knows, then extended by the blocks the row lacks. A caller replaying a step (a
+        benchmark) leaves the row one sampled token ahead: without penalties, whose counts hold that token, the
+        row only forgets it (the pool's first tokens are unchanged)."""
         batch = self.input_batch
         for request in requests:
-            if batch.request_ids[request.slot] != request.request_id or batch.num_tokens[request.slot] != \
-                    request.num_tokens:
-                batch.add(request.slot, request.request_id, [*request.prompt_token_ids, *request.output_token_ids],
+            slot, known = request.slot, int(batch.num_tokens[request.slot])
+            same = batch.request_ids[slot] == request.request_id
+            if same and known > request.num_tokens and not batch.sampling.host_penalty[slot]:
+                batch.num_tokens[slot] = known = request.num_tokens
+            if not same or known != request.num_tokens:
+                batch.add(slot, request.request_id, [*request.prompt_token_ids, *request.output_token_ids],
                           len(request.prompt_token_ids), request.sampling_params)
-            held = int(batch.num_blocks[request.slot])
-            batch.append_blocks(request.slot, request.block_table[held:])
+            batch.append_blocks(slot, request.block_table[int(batch.num_blocks[slot]):])
 
     @torch.inference_mode()
     def forward(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:

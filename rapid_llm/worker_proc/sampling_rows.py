@@ -48,6 +48,9 @@ class SamplingRows:
         self.host_repetition = np.zeros(num_rows, dtype=bool)
         self.host_logprobs = np.full(num_rows, -1, dtype=np.int64)
         self.host_min_tokens = np.zeros(num_rows, dtype=np.int64)
+        # Greedy without penalties, logprobs or min_tokens: a step of only such rows needs no gather at all.
+        self.host_plain = np.ones(num_rows, dtype=bool)
+        self._neutral = _NeutralRows(num_rows, vocab_size, device)
         self.banned_ids: list[list[int]] = [[] for _ in range(num_rows)]
         self.output_counts: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None
@@ -70,6 +73,8 @@ class SamplingRows:
         self.host_repetition[slot] = row.prompt_mask is not None
         self.host_logprobs[slot] = -1 if row.max_num_logprobs is None else row.max_num_logprobs
         self.host_min_tokens[slot] = params.min_tokens
+        self.host_plain[slot] = (self.host_greedy[slot] and not self.host_penalty[slot]
+                                 and self.host_logprobs[slot] < 0 and params.min_tokens == 0)
         self.banned_ids[slot] = banned_ids
         if row.output_counts is not None and self.output_counts is None:
             self.output_counts = self._zeros(torch.int32)
@@ -92,6 +97,8 @@ class SamplingRows:
     def batch(self, slots: np.ndarray, slots_on_device: torch.Tensor, num_outputs: np.ndarray) -> SamplingBatch:
         """The SamplingBatch of rows `slots` (host int64 array, and the same on the device), whose requests have
         generated `num_outputs` tokens each before this step's sample."""
+        if self.host_plain[slots].all():
+            return self._neutral.batch(len(slots))
         greedy = self.host_greedy[slots]
         top_k, top_p, min_p = self.host_top_k[slots], self.host_top_p[slots], self.host_min_p[slots]
         seeded = np.flatnonzero(self.host_seeded[slots] & ~greedy)
@@ -138,3 +145,27 @@ class SamplingRows:
         if self.output_counts is not None:
             self.output_counts.index_put_((slots_on_device, token_ids),
                                           torch.ones_like(token_ids, dtype=torch.int32), accumulate=True)
+
+
+class _NeutralRows:
+    """Every field's neutral value, preallocated: a step of plain greedy rows slices these (the values a gather
+    would give those rows) instead of gathering. The slices are shared, so the sampler must not write them
+    (it does not: every stage returns new tensors)."""
+
+    def __init__(self, num_rows: int, vocab_size: int, device: torch.device) -> None:
+        self.ones = torch.ones(num_rows, dtype=torch.float32, device=device)
+        self.zeros = torch.zeros(num_rows, dtype=torch.float32, device=device)
+        self.inf = torch.full((num_rows,), float("inf"), dtype=torch.float32, device=device)
+        self.vocab = torch.full((num_rows,), vocab_size, dtype=torch.int64, device=device)
+        self.greedy = torch.ones(num_rows, dtype=torch.bool, device=device)
+        self.empty = torch.empty(0, dtype=torch.int64, device=device)
+
+    def batch(self, size: int) -> SamplingBatch:
+        ones, zeros = self.ones[:size], self.zeros[:size]
+        return SamplingBatch(
+            is_greedy=self.greedy[:size], temperature=ones, top_k=self.vocab[:size], max_top_k=0,
+            top_p=self.inf[:size], min_p=zeros, seeded_rows=self.empty, seeds=self.empty, seed_steps=self.empty,
+            repetition_penalty=ones, frequency_penalty=zeros, presence_penalty=zeros, output_counts=None,
+            prompt_mask=None, banned_mask=None, max_num_logprobs=None, all_greedy=True, any_greedy=True,
+            do_top_k=False, do_top_p=False, do_min_p=False,
+        )

@@ -103,13 +103,19 @@ def build_common_metadata(layout: StepLayout, device: torch.device) -> Attention
     """Positions, slots and block tables of a step: computed on the host with tensor ops (no loop per token) and
     staged to `device` in one non-blocking copy, or, with the worker's device `block_table`, the slots gathered
     from it on the device. Nothing reads the device, so a CUDA step stays asynchronous."""
-    query_lens = torch.tensor(layout.query_lens, dtype=torch.int64)
     seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int64)
-    query_start_loc = torch.zeros(len(layout.query_lens) + 1, dtype=torch.int64)
-    torch.cumsum(query_lens, 0, out=query_start_loc[1:])
-    seq_index = torch.repeat_interleave(torch.arange(len(layout.query_lens)), query_lens)
-    offset_in_query = torch.arange(int(query_start_loc[-1])) - query_start_loc[seq_index]
-    positions = (seq_lens - query_lens)[seq_index] + offset_in_query
+    num_seqs = len(layout.query_lens)
+    if layout.num_tokens == num_seqs:
+        # Decodes only (one token each): the general arithmetic below reduces to this.
+        query_start_loc = torch.arange(num_seqs + 1)
+        seq_index, positions = query_start_loc[:-1], seq_lens - 1
+    else:
+        query_lens = torch.tensor(layout.query_lens, dtype=torch.int64)
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int64)
+        torch.cumsum(query_lens, 0, out=query_start_loc[1:])
+        seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens)
+        offset_in_query = torch.arange(int(query_start_loc[-1])) - query_start_loc[seq_index]
+        positions = (seq_lens - query_lens)[seq_index] + offset_in_query
     if layout.block_table is not None:
         positions, seq_index, seq_lens, query_start_loc = to_device([positions, seq_index, seq_lens, query_start_loc],
                                                                     device)
