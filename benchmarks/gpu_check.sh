@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One-call GPU check for a session lent a GPU (device tool): the gpu-marked tests, the model parity
-# tests on CUDA, and a short serving benchmark on a random 100M Llama. Output goes to $OUT if set.
+# One-call GPU check for a session lent a GPU (device tool): the gpu-marked tests (among them the CUDA
+# graph golden test, tests/models/test_cuda_graphs.py: greedy tokens with graphs == --enforce-eager), the
+# model parity tests on CUDA, and a short serving benchmark on a random 100M Llama, with CUDA graphs and
+# with --enforce-eager. Output goes to $OUT if set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/rapid_llm-gpu-check}"
@@ -17,24 +19,30 @@ build_tiny_checkpoint("/tmp/gpu-llama-100m", "LlamaForCausalLM", dtype=torch.bfl
                       num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4, intermediate_size=2560,
                       max_position_embeddings=2048)
 PY
-python3 -m rapid_llm.launch_server --model /tmp/gpu-llama-100m --port 31888 --log-level warning \
-    >"$OUT/server.log" 2>&1 &
-server=$!
-# Bounded: a server that never comes up (or died) must not hang the session's device time.
-deadline=$((SECONDS + 300))
-until curl -sf http://127.0.0.1:31888/health >/dev/null 2>&1; do
-    if ((SECONDS >= deadline)) || ! kill -0 "$server" 2>/dev/null; then
-        echo "server not healthy after $((SECONDS - deadline + 300)) s; last lines of $OUT/server.log:" >&2
-        tail -n 50 "$OUT/server.log" >&2
-        kill -TERM "$server" 2>/dev/null
-        exit 1
-    fi
-    sleep 0.5
+# mode "graphs": decode steps replayed from CUDA graphs (the default); "eager": --enforce-eager.
+for mode in graphs eager; do
+    flags=()
+    [[ "$mode" == eager ]] && flags=(--enforce-eager)
+    python3 -m rapid_llm.launch_server --model /tmp/gpu-llama-100m --port 31888 --log-level info ${flags[@]+"${flags[@]}"} \
+        >"$OUT/server-$mode.log" 2>&1 &
+    server=$!
+    # Bounded: a server that never comes up (or died) must not hang the session's device time.
+    deadline=$((SECONDS + 300))
+    until curl -sf http://127.0.0.1:31888/health >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)) || ! kill -0 "$server" 2>/dev/null; then
+            echo "server ($mode) not healthy after $((SECONDS - deadline + 300)) s; last lines of" \
+                "$OUT/server-$mode.log:" >&2
+            tail -n 50 "$OUT/server-$mode.log" >&2
+            kill -TERM "$server" 2>/dev/null
+            exit 1
+        fi
+        sleep 0.5
+    done
+    for concurrency in 1 32; do
+        python3 benchmarks/bench_serving.py --base-url http://127.0.0.1:31888 --dataset-name random \
+            --random-input-len 512 --random-output-len 128 --num-prompts 128 --max-concurrency "$concurrency" \
+            --temperature 0 --ignore-eos --disable-tqdm --save-result --result-dir "$OUT" \
+            --result-filename "serving-$mode-c$concurrency.json" 2>&1 | tee "$OUT/serving-$mode-c$concurrency.txt"
+    done
+    kill -TERM "$server"; wait "$server"
 done
-for concurrency in 1 32; do
-    python3 benchmarks/bench_serving.py --base-url http://127.0.0.1:31888 --dataset-name random \
-        --random-input-len 512 --random-output-len 128 --num-prompts 128 --max-concurrency "$concurrency" \
-        --temperature 0 --ignore-eos --disable-tqdm --save-result --result-dir "$OUT" \
-        --result-filename "serving-c$concurrency.json" 2>&1 | tee "$OUT/serving-c$concurrency.txt"
-done
-kill -TERM "$server"; wait "$server"

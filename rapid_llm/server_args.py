@@ -106,6 +106,13 @@ class ServerArgs:
     watchdog_timeout: float = field(default=DEFAULT_WATCHDOG_TIMEOUT_S, metadata={"help": "Seconds one engine "
                                     "step may take before /health turns 503 and the log names the stuck "
                                     "process."})
+    enforce_eager: bool = field(default=False, metadata={"help": "Never replay decode steps from CUDA graphs "
+                                "(CUDA only; the CPU always runs eagerly)."})
+    cuda_graph_max_bs: int = field(default=256, metadata={"help": "Largest decode batch captured as a CUDA graph "
+                                   "(buckets 1, 2, 4, then every 8 up to it; capped by --max-num-seqs)."})
+    enable_torch_compile: bool = field(default=False, metadata={"help": "Compile the model forward of decode "
+                                       "steps with torch.compile (inductor); the first steps of each shape "
+                                       "compile."})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
@@ -181,7 +188,8 @@ class ServerArgs:
         # First, so a wrong path fails with the cause that names the fix.
         check_model_dir(model_dir)
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
-        from rapid_llm.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from rapid_llm.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
+                                      SchedulerConfig)
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.models.registry import check_supported
         from rapid_llm.utils.demo_checkpoint import packaged_demo_name
@@ -221,6 +229,7 @@ class ServerArgs:
             op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
+            compilation=CompilationConfig(self.enforce_eager, self.cuda_graph_max_bs, self.enable_torch_compile),
         )
 
 

@@ -10,6 +10,7 @@ from rapid_llm.utils.lazy_exports import lazy_exports
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "rapid_llm.config.cache_config": ("CacheConfig",),
+    "rapid_llm.config.compilation_config": ("CompilationConfig",),
     "rapid_llm.config.device_config": ("DeviceConfig",),
     "rapid_llm.config.engine_config": ("EngineConfig",),
     "rapid_llm.config.model_config": ("ModelConfig",),

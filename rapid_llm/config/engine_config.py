@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rapid_llm.config.cache_config import CacheConfig
+from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.device_config import DeviceConfig
 from rapid_llm.config.model_config import ModelConfig
 from rapid_llm.config.scheduler_config import SchedulerConfig
@@ -24,6 +25,7 @@ class EngineConfig:
     log_level: str = "info"
     # SamplingParams field -> value from --generation-config, for fields a request leaves unset.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)
 
     def summary(self) -> dict[str, Any]:
         """The settings a benchmark result should record (served at GET /server_info)."""
@@ -43,4 +45,7 @@ class EngineConfig:
             "async_scheduling": self.scheduler.async_scheduling,
             "enable_prefix_caching": self.scheduler.enable_prefix_caching,
             "sampling_defaults": self.sampling_defaults,
+            "enforce_eager": self.compilation.enforce_eager,
+            "cuda_graph_max_bs": self.compilation.cuda_graph_max_bs,
+            "enable_torch_compile": self.compilation.enable_torch_compile,
         }

@@ -82,12 +82,12 @@ class SamplingBatch:
         output_counts = prompt_mask = banned_mask = None
         if any(uses_penalty):
             outputs = [r.output_token_ids if use else () for r, use in zip(requests, uses_penalty)]
-            output_counts = _count_tokens(outputs, vocab_size, device)
+            output_counts = count_tokens(outputs, vocab_size, device)
         if any(uses_repetition):
             prompts = [r.prompt_token_ids if use else () for r, use in zip(requests, uses_repetition)]
-            prompt_mask = _count_tokens(prompts, vocab_size, device) > 0
+            prompt_mask = count_tokens(prompts, vocab_size, device) > 0
         if any(banned):
-            banned_mask = _count_tokens(banned, vocab_size, device) > 0
+            banned_mask = count_tokens(banned, vocab_size, device) > 0
 
         asked = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
@@ -117,10 +117,14 @@ class SamplingBatch:
 
 def _banned_ids(request: SamplingRequest) -> list[int]:
     """Ids that may not be sampled yet because the request is still below `min_tokens`."""
-    params = request.params
-    if len(request.output_token_ids) >= params.min_tokens:
+    if len(request.output_token_ids) >= request.params.min_tokens:
         return []
-    eos = [] if params.ignore_eos else list(request.eos_token_ids)
+    return min_tokens_banned_ids(request.params, request.eos_token_ids)
+
+
+def min_tokens_banned_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
+    """The ids `min_tokens` holds back while a request is below it: EOS (unless ignore_eos) and stop ids."""
+    eos = [] if params.ignore_eos else list(eos_token_ids)
     return eos + list(params.stop_token_ids)
 
 
@@ -130,7 +134,7 @@ def to_int64(seed: int) -> int:
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
-def _count_tokens(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+def count_tokens(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """[B, V] int32 count of each token id per row, via one scatter_add over the flattened ids."""
     lengths = torch.tensor([len(ids) for ids in rows], dtype=torch.int64)
     ids = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.int64)

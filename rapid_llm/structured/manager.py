@@ -6,16 +6,14 @@ scheduling plans step N + 1 before step N's tokens are known) therefore never re
 time step N + 1 samples, `accept` has already advanced it with step N's token. A request whose grammar
 is still compiling only blocks the step in which it samples (`wait_for_grammars`); its prefill steps run
 while the pool compiles.
-Usage (worker): `add(slot, params, outputs)` / `remove(slot)`; per step `wait_for_grammars(requests)`,
-`mask = fill_bitmask(sampling_requests, device)` before sampling, `accept(slots, tokens)` after.
+Usage (worker): `add(slot, params, outputs)` / `remove(slot)`; per step `wait_for_grammars(sampling_slots)`,
+`mask = fill_bitmask(sampling_slots, device)` before sampling, `accept(slots, tokens)` after.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
-
 import torch
 
 from rapid_llm.sampling import SamplingParams
@@ -24,15 +22,6 @@ from rapid_llm.structured.grammar_spec import GrammarSpec
 from rapid_llm.structured.request_matcher import GrammarRejectedToken, RequestMatcher
 
 logger = logging.getLogger(__name__)
-
-
-class SampledRow(Protocol):
-    """What the manager reads of a scheduled request (the runner's ScheduledRequest)."""
-
-    slot: int
-
-    @property
-    def samples_this_step(self) -> bool: ...
 
 
 class StructuredOutputs:
@@ -52,29 +41,34 @@ class StructuredOutputs:
     def remove(self, slot: int) -> None:
         self._matchers.pop(slot, None)
 
-    def wait_for_grammars(self, requests: Sequence[SampledRow]) -> dict[int, str]:
-        """Make the matcher of every request that samples this step ready; slot -> error of those that
+    @property
+    def active(self) -> bool:
+        """Whether any slot has a grammar (the next step's mask then needs this step's tokens first)."""
+        return bool(self._matchers)
+
+    def wait_for_grammars(self, sampling_slots: Sequence[int]) -> dict[int, str]:
+        """Make the matcher of every slot that samples this step ready; slot -> error of those that
         cannot be (their grammar failed to compile), whose slots the caller fails alone."""
         errors = {}
-        for request in requests:
-            matcher = self._matchers.get(request.slot)
-            if matcher is None or not request.samples_this_step:
+        for slot in sampling_slots:
+            matcher = self._matchers.get(slot)
+            if matcher is None:
                 continue
             try:
                 matcher.ready()
             except Exception as error:
-                logger.warning("slot %d: structured output failed: %s", request.slot, error)
-                errors[request.slot] = f"structured output: {error}"
-                del self._matchers[request.slot]
+                logger.warning("slot %d: structured output failed: %s", slot, error)
+                errors[slot] = f"structured output: {error}"
+                del self._matchers[slot]
         return errors
 
-    def fill_bitmask(self, rows: Sequence[SampledRow], device: torch.device) -> torch.Tensor | None:
-        """int32 [len(rows), ceil(V / 32)] allowed-token bits for the rows that sample (all ones for rows
-        without a grammar), on `device`; None when no row has one, so plain batches pay nothing."""
-        constrained = [(row, self._matchers[r.slot]) for row, r in enumerate(rows) if r.slot in self._matchers]
+    def fill_bitmask(self, sampling_slots: Sequence[int], device: torch.device) -> torch.Tensor | None:
+        """int32 [len(sampling_slots), ceil(V / 32)] allowed-token bits, one row per slot that samples (all
+        ones for slots without a grammar), on `device`; None when no slot has one, so plain batches pay nothing."""
+        constrained = [(row, self._matchers[slot]) for row, slot in enumerate(sampling_slots) if slot in self._matchers]
         if not constrained:
             return None
-        bitmask = torch.full((len(rows), self.num_words), -1, dtype=torch.int32,
+        bitmask = torch.full((len(sampling_slots), self.num_words), -1, dtype=torch.int32,
                              pin_memory=device.type == "cuda")
         for row, matcher in constrained:
             matcher.fill(bitmask, row)

@@ -1,47 +1,64 @@
-"""ModelRunner: one step's scheduled requests in, sampled tokens (and logprobs) out.
+"""ModelRunner: one step's scheduled chunks in, sampled tokens (and logprobs) out, without waiting for the device.
 
-It owns the model, the paged KV cache, the sampler and a device-side token pool: row `slot`
-holds every token of the request in that slot. Input ids are gathered from the pool and each
-sampled token is written back into it on the device, so a plan never has to carry the token
-its previous step samples (what lets the scheduler plan one step ahead). The step still ends
-by copying the sampled ids to the host (`.tolist()`), which waits for the device. A step is
-one flat batch mixing prefills, prefill chunks that continue after cached tokens, and decodes;
-only a request whose computed tokens reach the end of what it knows gets a token sampled (through the
-worker's grammar bitmask when it has structured output). Requests that asked for prompt logprobs get
-them from the same step's hidden states.
+It owns the model, the paged KV cache (one block of it reserved as the padding block), the sampler and the
+persistent input batch (`input_batch.py`): every slot's tokens, block table and sampling row stay on the
+device and are updated by the scheduler's deltas, so a step only gathers rows by slot index. Input ids are
+gathered from the token pool and each sampled token is written back into it on the device, so a plan never
+has to carry the token its previous step samples (what lets the scheduler plan one step ahead). Everything
+a step needs on the host is known there (lengths, block counts, sampling flags): nothing reads the device
+except the sampled ids, whose copy back `launch` defers (`PendingOutput`), so on CUDA the next step can be
+launched first. Decode steps can replay CUDA graphs (`cuda_graphs.py`) and/or run a torch.compile'd forward
+(`--enable-torch-compile`). A step is one flat batch mixing prefills, prefill chunks and decodes; only a
+request whose computed tokens reach the end of what it knows gets a token sampled (through the worker's
+grammar bitmask when it has structured output, and with its logit_bias). Requests that asked for
+prompt logprobs get them from the same step's hidden states (read on the host at once: the one exception).
+`execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
-from rapid_llm.ipc.messages import PromptLogprobs, TokenLogprobs
+from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.sampler import Sampler
-from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
+from rapid_llm.ops.attention.backend import build_common_metadata
 from rapid_llm.ops.attention.kv_quant import is_fp8_kv
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.structured.manager import StructuredOutputs
+from rapid_llm.utils.host_staging import to_device
+from rapid_llm.worker_proc.cuda_graphs import DecodeBuffers, DecodeGraphs, capture_sizes
+from rapid_llm.worker_proc.deferred_output import PendingOutput, StepOutput
+from rapid_llm.worker_proc.input_batch import InputBatch
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 
 logger = logging.getLogger(__name__)
 
 
+class Chunk(Protocol):
+    """What a step computes for one slot: tokens [num_computed_tokens, num_computed_tokens + num_new_tokens)."""
+
+    slot: int
+    num_computed_tokens: int
+    num_new_tokens: int
+
+
 @dataclass
 class ScheduledRequest:
-    """One request's share of a step, as the scheduler decided it."""
+    """One request's share of a step, fully described (what `execute` takes)."""
 
     request_id: str
     slot: int
@@ -56,24 +73,6 @@ class ScheduledRequest:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def end(self) -> int:
-        return self.num_computed_tokens + self.num_new_tokens
-
-    @property
-    def samples_this_step(self) -> bool:
-        return self.end == self.num_tokens
-
-
-@dataclass
-class StepOutput:
-    """Sampled tokens of the requests that sampled this step; `rows` index the step's request list."""
-
-    rows: list[int]
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
-    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
-
 
 class ModelRunner:
     def __init__(
@@ -83,9 +82,11 @@ class ModelRunner:
         device_config: DeviceConfig | None = None,
         op_backends: dict[str, str] | None = None,
         max_num_seqs: int = 256,
+        compilation: CompilationConfig | None = None,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
+        self.compilation = compilation or CompilationConfig()
         self.device = (device_config or DeviceConfig()).torch_device
         # Before the model is built: overrides reset every op's cached choice.
         REGISTRY.set_overrides(op_backends or {})
@@ -101,14 +102,32 @@ class ModelRunner:
         # the step's metadata once and computes every layer.
         attention_op = attention_op_of(attention_layers(self.model))
         self.backend = self._select_attention(attention_op)
-        self.kv_cache = allocate_kv_cache(self.model, model_config, cache_config, self.backend, self.device)
-        self.num_blocks = self.kv_cache.num_blocks
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB", self.num_blocks, cache_config.block_size,
-                    self.kv_cache.num_tokens, self.kv_cache.num_bytes / 2**30)
+        # An explicit --num-kv-blocks counts the blocks requests may use: the padding block comes on top. A
+        # memory budget pays for it.
+        allocated = cache_config if cache_config.num_blocks is None else replace(cache_config,
+                                                                                 num_blocks=cache_config.num_blocks + 1)
+        self.kv_cache = allocate_kv_cache(self.model, model_config, allocated, self.backend, self.device)
+        if self.kv_cache.num_blocks < 2:
+            raise ValueError(f"the KV cache budget holds {self.kv_cache.num_blocks} block: at least 2 are needed, "
+                             "one is the padding block; raise --kv-cache-memory or --gpu-memory-utilization")
+        # The last block is the padding block: what padded rows (CUDA graph buckets) read and write, and what
+        # block tables are padded with. The scheduler hands out only the others.
+        self.padding_block = self.kv_cache.num_blocks - 1
+        self.num_blocks = self.padding_block
+        self.kv_cache.clear_blocks([self.padding_block])
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (+1 padding block), %.2f GiB", self.num_blocks,
+                    cache_config.block_size, self.num_tokens, self.kv_cache.num_bytes / 2**30)
         self.sampler = Sampler()
-        # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
-        self.token_pool = torch.zeros(max_num_seqs, model_config.max_model_len + 1, dtype=torch.int32,
-                                      device=self.device)
+        self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, cache_config.block_size,
+                                      self.padding_block, model_config.vocab_size, model_config.eos_token_ids,
+                                      self.device)
+        self.decode_model = self._decode_model()
+        self.decode_graphs = self._capture_decode_graphs(max_num_seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        """KV-cache tokens the scheduler may use (the padding block excluded)."""
+        return self.num_blocks * self.cache_config.block_size
 
     def _select_attention(self, attention_op: str) -> object:
         """The registry's attention backend; for an fp8 KV cache torch_ref when the chosen one cannot read fp8
@@ -122,100 +141,170 @@ class ModelRunner:
             return REGISTRY.implementation(attention_op, "torch_ref", self.device, self.model_config.dtype_name).fn
         return backend
 
-    def add_request(self, slot: int, token_ids: Sequence[int]) -> None:
-        """Put a request's known tokens (prompt, plus outputs when resuming) into its pool row."""
-        if not 0 <= slot < self.token_pool.shape[0]:
-            raise ValueError(f"slot {slot} is outside the token pool (max_num_seqs={self.token_pool.shape[0]})")
-        if len(token_ids) > self.model_config.max_model_len:
-            raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.model_config.max_model_len}")
-        self.token_pool[slot, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.int32, device=self.device)
+    def _decode_model(self) -> torch.nn.Module:
+        """The module decode steps run: the model, or its torch.compile'd wrapper (same weights and buffers)."""
+        if not self.compilation.enable_torch_compile:
+            return self.model
+        logger.info("torch.compile (inductor) on for decode steps: the first steps of each new shape compile")
+        return torch.compile(self.model, dynamic=True)
 
-    def check_sampling(self, params: SamplingParams, prompt_token_ids: Sequence[int],
-                       output_token_ids: Sequence[int]) -> None:
-        """Build this request's sampling row alone, on the CPU: a parameter the batched build cannot
-        take then fails this one request when it is added, not a whole step later."""
-        request = SamplingRequest(params, prompt_token_ids, output_token_ids, self.model_config.eos_token_ids)
-        SamplingBatch.build([request], vocab_size=self.model_config.vocab_size, device=torch.device("cpu"))
+    def _capture_decode_graphs(self, max_num_seqs: int) -> DecodeGraphs | None:
+        if self.device.type != "cuda" or self.compilation.enforce_eager:
+            return None
+        if not getattr(self.backend, "supports_cuda_graphs", False):
+            logger.info("CUDA graphs off: the attention backend %s cannot be captured", type(self.backend).__name__)
+            return None
+        sizes = capture_sizes(min(self.compilation.cuda_graph_max_bs, max_num_seqs))
+        buffers = DecodeBuffers.allocate(sizes[-1], self.input_batch.max_blocks, self.padding_block,
+                                         self.cache_config.block_size, self.device)
+        graphs = DecodeGraphs(self.decode_model, self.backend, sizes, buffers, self.model_config.max_model_len)
+        graphs.capture()
+        return graphs
+
+    # ---- the scheduler's deltas --------------------------------------------------------------------------
+
+    def start_request(self, request_id: str, slot: int, token_ids: Sequence[int], num_prompt_tokens: int,
+                      params: SamplingParams) -> None:
+        """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         LogitBias.build([params], self.model_config.vocab_size, torch.device("cpu"))
+        self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
+
+    def release(self, slots: Sequence[int]) -> None:
+        self.input_batch.release(slots)
+
+    def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:
+        self.input_batch.append_blocks(slot, block_ids)
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
         if block_ids:
             self.kv_cache.clear_blocks(block_ids)
 
-    def _validate(self, requests: Sequence[ScheduledRequest]) -> None:
-        block_size = self.cache_config.block_size
+    def holds_request(self, slot: int) -> bool:
+        return self.input_batch.request_ids[slot] is not None
+
+    def request_id(self, slot: int) -> str:
+        return self.input_batch.request_ids[slot] or ""
+
+    def samples(self, chunk: Chunk) -> bool:
+        """Whether the chunk's computed tokens reach the end of what its slot knows (it samples this step)."""
+        return chunk.num_computed_tokens + chunk.num_new_tokens == int(self.input_batch.num_tokens[chunk.slot])
+
+    # ---- steps -----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def launch(self, chunks: Sequence[Chunk], structured: StructuredOutputs | None = None) -> PendingOutput:
+        """Run one step over rows that are up to date; the sampled tokens come back through the result.
+        `structured`: the worker's grammar state; its bitmask for the sampling rows is filled on the host
+        while the device runs the forward."""
+        batch = self.input_batch
+        slots = np.fromiter((chunk.slot for chunk in chunks), dtype=np.int64, count=len(chunks))
+        query_lens = np.fromiter((chunk.num_new_tokens for chunk in chunks), dtype=np.int64, count=len(chunks))
+        ends = query_lens + np.fromiter((chunk.num_computed_tokens for chunk in chunks), dtype=np.int64,
+                                        count=len(chunks))
+        self._validate(slots, query_lens, ends)
+        batch.flush_blocks()
+        hidden_states = self._forward(slots, query_lens, ends)
+        prompt_logprobs = []
+        if batch.wants_prompt_logprobs[slots].any():
+            prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))
+        samples = np.flatnonzero(ends == batch.num_tokens[slots])
+        if not samples.size:
+            return PendingOutput([], None, [], prompt_logprobs)
+        sample_slots = slots[samples]
+        token_bitmask = structured.fill_bitmask(sample_slots.tolist(), self.device) if structured else None
+        last_token_index, slots_on_device, positions = to_device(
+            [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
+             torch.from_numpy(ends[samples])], self.device)
+        # A decode step samples every token: no gather.
+        every_token = samples.size == hidden_states.shape[0]
+        logits = self.model.compute_logits(hidden_states if every_token else hidden_states[last_token_index])
+        num_outputs = batch.num_tokens[sample_slots] - batch.num_prompt_tokens[sample_slots]
+        sampling_batch = batch.sampling.batch(sample_slots, slots_on_device, num_outputs)
+        logit_bias = LogitBias.build([batch.params[slot] for slot in sample_slots.tolist()],
+                                     self.model_config.vocab_size, self.device)
+        sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
+        batch.record_sampled(sample_slots, slots_on_device, positions, sampled.token_ids)
+        asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
+                 if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
+        return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs)
+
+    def _validate(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray) -> None:
+        """Vectorised over the step; the first bad chunk is named."""
+        batch = self.input_batch
+        max_len = self.model_config.max_model_len
+        checks = (
+            ((query_lens < 1) | (ends > batch.num_tokens[slots]), lambda i: f"cannot compute tokens "
+             f"[{ends[i] - query_lens[i]}, {ends[i]}) of {batch.num_tokens[slots[i]]}"),
+            (ends > max_len, lambda i: f"{ends[i]} tokens exceed max_model_len {max_len}"),
+            (batch.num_blocks[slots] * self.cache_config.block_size < ends,
+             lambda i: f"{batch.num_blocks[slots[i]]} blocks cannot hold {ends[i]} tokens"),
+        )
+        for bad, message in checks:
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"request {batch.request_ids[slots[first]]} (slot {slots[first]}): {message(first)}")
+
+    def _forward(self, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the step's new tokens."""
+        batch = self.input_batch
+        width = int(batch.num_blocks[slots].max()) or 1
+        slots_on_device = to_device([torch.from_numpy(slots)], self.device)[0]
+        layout = StepLayout(query_lens.tolist(), seq_lens.tolist(),
+                            [batch.host_block_tables[slot] for slot in slots.tolist()], self.cache_config.block_size,
+                            block_table=batch.block_table[slots_on_device, :width])
+        decode = int(query_lens.max()) == 1
+        if decode and self.decode_graphs is not None:
+            common = build_common_metadata(layout, self.device)
+            hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
+            if hidden_states is not None:
+                return hidden_states
+        attention = self.backend.build_metadata(layout, self.device)
+        input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
+        model = self.decode_model if decode else self.model
+        return model(ForwardBatch(input_ids=input_ids, attention=attention))
+
+    def _described(self, chunks: Sequence[Chunk]) -> list[ScheduledRequest]:
+        """The step's chunks with their requests' prompts and parameters (for prompt logprobs)."""
+        batch = self.input_batch
+        return [ScheduledRequest(batch.request_ids[chunk.slot] or "", chunk.slot, batch.prompts[chunk.slot], (),
+                                 chunk.num_computed_tokens, chunk.num_new_tokens, (), batch.params[chunk.slot])
+                for chunk in chunks]
+
+    # ---- fully described requests (tests, benchmarks) ------------------------------------------------
+
+    def add_request(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Put tokens into a slot's pool row (its request is (re)loaded by the next `execute`)."""
+        self.input_batch.write_tokens(slot, token_ids)
+
+    def load(self, requests: Sequence[ScheduledRequest]) -> None:
+        """Bring each request's row up to date: reloaded when the slot holds another request or another token
+        count than the row knows, then extended by the blocks the row lacks. A caller replaying a step (a
+        benchmark) leaves the row one sampled token ahead: without penalties, whose counts hold that token, the
+        row only forgets it (the pool's first tokens are unchanged)."""
+        batch = self.input_batch
         for request in requests:
-            end = request.end
-            if request.num_new_tokens < 1 or end > request.num_tokens:
-                raise ValueError(f"request {request.request_id}: cannot compute tokens "
-                                 f"[{request.num_computed_tokens}, {end}) of {request.num_tokens}")
-            if end > self.model_config.max_model_len:
-                raise ValueError(f"request {request.request_id}: {end} tokens exceed max_model_len "
-                                 f"{self.model_config.max_model_len}")
-            if len(request.block_table) * block_size < end:
-                raise ValueError(f"request {request.request_id}: {len(request.block_table)} blocks cannot hold "
-                                 f"{end} tokens")
+            slot, known = request.slot, int(batch.num_tokens[request.slot])
+            same = batch.request_ids[slot] == request.request_id
+            if same and known > request.num_tokens and not batch.sampling.host_penalty[slot]:
+                batch.num_tokens[slot] = known = request.num_tokens
+            if not same or known != request.num_tokens:
+                batch.add(slot, request.request_id, [*request.prompt_token_ids, *request.output_token_ids],
+                          len(request.prompt_token_ids), request.sampling_params)
+            batch.append_blocks(slot, request.block_table[int(batch.num_blocks[slot]):])
 
     @torch.inference_mode()
     def forward(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
-        """Run the model over the step's new tokens; returns hidden states [num_tokens, hidden]."""
-        self._validate(requests)
-        layout = StepLayout(
-            query_lens=[r.num_new_tokens for r in requests],
-            seq_lens=[r.num_computed_tokens + r.num_new_tokens for r in requests],
-            block_tables=[r.block_table for r in requests],
-            block_size=self.cache_config.block_size,
-        )
-        attention = self.backend.build_metadata(layout, self.device)
-        slots = torch.tensor([r.slot for r in requests], dtype=torch.int64, device=self.device)
-        input_ids = self.token_pool[slots[attention.seq_index], attention.positions].long()
-        return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
+        """Hidden states [num_tokens, hidden] of the requests' new tokens (nothing sampled)."""
+        self.load(requests)
+        batch = self.input_batch
+        slots = np.array([request.slot for request in requests], dtype=np.int64)
+        query_lens = np.array([request.num_new_tokens for request in requests], dtype=np.int64)
+        ends = query_lens + np.array([request.num_computed_tokens for request in requests], dtype=np.int64)
+        self._validate(slots, query_lens, ends)
+        batch.flush_blocks()
+        return self._forward(slots, query_lens, ends)
 
-    @torch.inference_mode()
-    def execute(self, requests: Sequence[ScheduledRequest], structured: StructuredOutputs | None = None) -> StepOutput:
-        """`structured`: the worker's grammar state; its bitmask for the sampling rows is filled on the host
-        while the device runs the forward."""
-        hidden_states = self.forward(requests)
-        sampling = [i for i, request in enumerate(requests) if request.samples_this_step]
-        token_bitmask = structured.fill_bitmask([requests[i] for i in sampling], self.device) if structured else None
-        prompt_logprobs = score_prompts(self.model, hidden_states, requests)
-        last_token_index = torch.cumsum(torch.tensor([r.num_new_tokens for r in requests]), 0) - 1
-        if not sampling:
-            return StepOutput([], [], [], prompt_logprobs)
-        logits = self.model.compute_logits(hidden_states[last_token_index[sampling].to(self.device)])
-        sampling_batch = SamplingBatch.build(
-            [
-                SamplingRequest(
-                    params=requests[i].sampling_params,
-                    prompt_token_ids=requests[i].prompt_token_ids,
-                    output_token_ids=requests[i].output_token_ids,
-                    eos_token_ids=self.model_config.eos_token_ids,
-                )
-                for i in sampling
-            ],
-            vocab_size=self.model_config.vocab_size,
-            device=self.device,
-        )
-        logit_bias = LogitBias.build([requests[i].sampling_params for i in sampling], self.model_config.vocab_size,
-                                     self.device)
-        sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
-        rows = [requests[i] for i in sampling]
-        self.token_pool[[r.slot for r in rows], [r.end for r in rows]] = sampled.token_ids.to(torch.int32)
-        return StepOutput(
-            rows=sampling,
-            token_ids=sampled.token_ids.tolist(),
-            logprobs=_logprobs_per_row(sampled, [requests[i].sampling_params.logprobs for i in sampling]),
-            prompt_logprobs=prompt_logprobs,
-        )
-
-
-def _logprobs_per_row(sampled, asked: list[int | None]) -> list[TokenLogprobs | None]:
-    if sampled.logprobs is None:
-        return [None] * len(asked)
-    logprobs = sampled.logprobs.tolist()
-    top_ids, top_values = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
-    return [
-        None if n is None else TokenLogprobs(logprobs[row], top_ids[row][:n], top_values[row][:n])
-        for row, n in enumerate(asked)
-    ]
+    def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
+        self.load(requests)
+        return self.launch(requests).result()

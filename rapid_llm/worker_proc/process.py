@@ -4,7 +4,11 @@ Each rank receives every plan on its own socket (the scheduler fans out); only r
 so N ranks cost the scheduler one result per step. A request that fails while being added is
 aborted alone (the Worker reports it in the step's result); any other failure inside a step is
 reported to the scheduler as WorkerFailed before the process exits, so the server stops instead
-of hanging.
+of hanging. On CUDA the loop overlaps steps: when the next plan is already waiting (async scheduling
+sends it while this step computes), it is launched before this step's tokens are read back, so the
+device never idles while the host copies, encodes and sends a result. On the CPU there is no
+asynchronous device to overlap with (the step has finished when `launch` returns), and holding a
+result back would only delay the scheduler, so each result is sent at once.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 from rapid_llm.worker_proc.cpu_threads import choose_cpu_threads
 from rapid_llm.worker_proc.model_runner import ModelRunner
-from rapid_llm.worker_proc.worker import Worker
+from rapid_llm.worker_proc.worker import PendingResult, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
     configure_child(config.log_level)
     try:
         runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
-                             max_num_seqs=config.scheduler.max_num_seqs)
+                             max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
         cpu_threads = None
         if runner.device.type == "cpu":
             cpu_threads, reason = choose_cpu_threads(runner.model, torch.get_num_threads())
@@ -43,7 +47,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
-        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.kv_cache.num_tokens,
+        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "ops": runner.op_choices,
                              "cpu_threads": cpu_threads})
     except Exception as error:
@@ -51,19 +55,43 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
         sys.exit(1)
 
     worker = Worker(runner, config.tokenizer)
+    overlap = runner.device.type == "cuda"
+    pending: PendingResult | None = None
     while True:
-        message = plans.recv()
+        message = plans.recv_nowait() if pending is not None else plans.recv()
+        if message is None:
+            # Nothing to launch behind the pending step: finish it, so the scheduler can plan on.
+            _send(results, worker, pending, rank)
+            pending = None
+            continue
         if isinstance(message, Shutdown):
             # The launcher's SIGTERM follows the scheduler's Shutdown; it must not interrupt the exit.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             context.destroy(linger=0)
             return
         try:
-            result = worker.execute_plan(message)
+            launched = worker.launch(message)
         except Exception as error:
             logger.exception("worker rank %d failed in step %d", rank, message.step_id)
             if results is not None:
                 results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
             sys.exit(1)
+        if pending is not None:
+            _send(results, worker, pending, rank)
+        pending = launched
+        if not (overlap and worker.can_overlap):
+            _send(results, worker, pending, rank)
+            pending = None
+
+
+def _send(results: Sender | None, worker: Worker, pending: PendingResult, rank: int) -> None:
+    """Wait for the step's tokens and send its result (rank 0); a failure there ends the worker like a step's."""
+    try:
+        result = worker.finish(pending)
+    except Exception as error:
+        logger.exception("worker rank %d failed in step %d", rank, pending.step_id)
         if results is not None:
-            results.send(result)
+            results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
+        sys.exit(1)
+    if results is not None:
+        results.send(result)

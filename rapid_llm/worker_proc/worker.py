@@ -1,34 +1,53 @@
-"""Worker: applies the scheduler's per-step deltas to its own request states and runs the step.
+"""Worker: applies the scheduler's per-step deltas to the runner's input batch and launches the step.
 
 The scheduler sends only what changed (released slots, new or resumed requests, tokens to
-compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed). The worker
-keeps each slot's tokens, block table and sampling parameters, so a step message stays small
-however long the requests are. A request whose state cannot be prepared when it is added fails
-alone: its slot is skipped (and reported in `StepResult.failures`) until the scheduler releases
-it, and the rest of every step runs without it.
+compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed). The runner's
+persistent input batch keeps each slot's tokens, block table and sampling row, so a step message stays
+small however long the requests are, and nothing is rebuilt from lists. A request whose state cannot be
+prepared when it is added fails alone: its slot is skipped (and reported in `StepResult.failures`) until
+the scheduler releases it, and the rest of every step runs without it. `launch` returns before the step's
+tokens are on the host (`finish` waits for them), so the process loop can launch the next plan first,
+unless a slot has structured output (`can_overlap`): its next mask needs this step's token.
+`execute_plan` does both at once.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rapid_llm.ipc.messages import NewRequest, SlotFailure, StepPlan, StepResult
-from rapid_llm.sampling import SamplingParams
+import msgspec
+
+from rapid_llm.ipc.messages import NewRequest, ScheduledChunk, SlotFailure, StepPlan, StepResult
 from rapid_llm.structured.compiler import GrammarCompilerPool
 from rapid_llm.structured.manager import StructuredOutputs
-from rapid_llm.worker_proc.model_runner import ModelRunner, ScheduledRequest, StepOutput
+from rapid_llm.worker_proc.deferred_output import PendingOutput
+from rapid_llm.worker_proc.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SlotState:
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    params: SamplingParams
-    block_table: list[int] = field(default_factory=list)
+class PendingResult:
+    """A launched step: its StepResult once the sampled tokens have reached the host."""
+
+    step_id: int
+    chunks: list[ScheduledChunk]
+    output: PendingOutput | None
+    failures: list[SlotFailure]
+
+    def result(self) -> StepResult:
+        output = self.output.result() if self.output is not None else None
+        if output is None:
+            return StepResult(step_id=self.step_id, slots=[], token_ids=[], failures=self.failures)
+        return StepResult(
+            step_id=self.step_id,
+            slots=[self.chunks[row].slot for row in output.rows],
+            token_ids=output.token_ids,
+            logprobs=output.logprobs if any(output.logprobs) else [],
+            failures=self.failures,
+            prompt_logprobs=output.prompt_logprobs,
+        )
 
 
 class Worker:
@@ -38,12 +57,32 @@ class Worker:
         model = runner.model_config
         self.structured = StructuredOutputs(GrammarCompilerPool(
             tokenizer or model.model, model.vocab_size, model.eos_token_ids, model.trust_remote_code))
-        self.slots: dict[int, SlotState] = {}
         self.failed_slots: dict[int, SlotFailure] = {}  # until the scheduler releases the slot
 
     def execute_plan(self, plan: StepPlan) -> StepResult:
+        return self.finish(self.launch(plan))
+
+    @property
+    def can_overlap(self) -> bool:
+        """Whether the next plan may be launched before this step's tokens are accepted."""
+        return not self.structured.active
+
+    def finish(self, pending: PendingResult) -> StepResult:
+        """The step's result once its tokens are on the host, with each constrained slot's matcher advanced;
+        a token its grammar rejects fails that request alone and is dropped."""
+        result = pending.result()
+        rejected = self.structured.accept(result.slots, result.token_ids)
+        if not rejected:
+            return result
+        kept = [i for i, slot in enumerate(result.slots) if slot not in rejected]
+        return msgspec.structs.replace(
+            result, slots=[result.slots[i] for i in kept], token_ids=[result.token_ids[i] for i in kept],
+            logprobs=[result.logprobs[i] for i in kept] if result.logprobs else [],
+            failures=[*result.failures, *self._fail_slots(rejected)])
+
+    def launch(self, plan: StepPlan) -> PendingResult:
+        self.runner.release(plan.released_slots)
         for slot in plan.released_slots:
-            self.slots.pop(slot, None)
             self.failed_slots.pop(slot, None)
             self.structured.remove(slot)
         for new in plan.new_requests:
@@ -59,55 +98,27 @@ class Worker:
         chunks = [chunk for chunk in plan.scheduled if chunk.slot not in self.failed_slots]
         # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
         self.runner.clear_blocks([block for chunk in chunks for block in chunk.new_block_ids])
-        requests: list[ScheduledRequest] = []
         for chunk in chunks:
-            state = self.slots.get(chunk.slot)
-            if state is None:
+            if not self.runner.holds_request(chunk.slot):
                 raise ValueError(f"step {plan.step_id} schedules slot {chunk.slot}, which holds no request")
-            state.block_table.extend(chunk.cached_block_ids)
-            state.block_table.extend(chunk.new_block_ids)
-            requests.append(ScheduledRequest(
-                request_id=state.request_id,
-                slot=chunk.slot,
-                prompt_token_ids=state.prompt_token_ids,
-                output_token_ids=state.output_token_ids,
-                num_computed_tokens=chunk.num_computed_tokens,
-                num_new_tokens=chunk.num_new_tokens,
-                block_table=state.block_table,
-                sampling_params=state.params,
-            ))
+            if chunk.cached_block_ids:
+                self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
+            if chunk.new_block_ids:
+                self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
         # Structured output: a sampling request whose grammar cannot be built fails alone, before the step.
-        failures += self._fail_slots(self.structured.wait_for_grammars(requests))
-        requests = [request for request in requests if request.slot not in self.failed_slots]
-        output = self.runner.execute(requests, self.structured) if requests else StepOutput([], [], [])
-        slots = [requests[row].slot for row in output.rows]
-        rejected = self.structured.accept(slots, output.token_ids)
-        if rejected:
-            failures += self._fail_slots(rejected)
-            kept = [i for i, slot in enumerate(slots) if slot not in rejected]
-            slots = [slots[i] for i in kept]
-            output.token_ids, output.logprobs = [output.token_ids[i] for i in kept], [output.logprobs[i] for i in kept]
-        for slot, token in zip(slots, output.token_ids):
-            self.slots[slot].output_token_ids.append(token)
-        return StepResult(
-            step_id=plan.step_id,
-            slots=slots,
-            token_ids=output.token_ids,
-            logprobs=output.logprobs if any(output.logprobs) else [],
-            failures=failures,
-            prompt_logprobs=output.prompt_logprobs,
-        )
+        failures += self._fail_slots(self.structured.wait_for_grammars(
+            [chunk.slot for chunk in chunks if self.runner.samples(chunk)]))
+        chunks = [chunk for chunk in chunks if chunk.slot not in self.failed_slots]
+        output = self.runner.launch(chunks, self.structured) if chunks else None
+        return PendingResult(plan.step_id, chunks, output, failures)
 
     def add_request(self, new: NewRequest) -> None:
         """Prepare the slot's state; raises if the request cannot be served, leaving the slot empty."""
-        prompt, outputs = new.token_ids[: new.num_prompt_tokens], new.token_ids[new.num_prompt_tokens :]
-        self.runner.check_sampling(new.params, prompt, outputs)
-        self.runner.add_request(new.slot, new.token_ids)
-        self.structured.add(new.slot, new.params, outputs)
-        self.slots[new.slot] = SlotState(new.request_id, prompt, outputs, new.params)
+        self.runner.start_request(new.request_id, new.slot, new.token_ids, new.num_prompt_tokens, new.params)
+        self.structured.add(new.slot, new.params, new.token_ids[new.num_prompt_tokens:])
 
     def _fail_slots(self, errors: dict[int, str]) -> list[SlotFailure]:
         """Fail these slots' requests alone (kept failed until the scheduler releases the slot)."""
         for slot, error in errors.items():
-            self.failed_slots[slot] = SlotFailure(slot, self.slots[slot].request_id, error)
+            self.failed_slots[slot] = SlotFailure(slot, self.runner.request_id(slot), error)
         return [self.failed_slots[slot] for slot in errors]

@@ -62,9 +62,11 @@ def test_layers_cache_one_latent_per_token(tiny_checkpoint) -> None:
     assert all(isinstance(layer, MLAAttention) for layer in runner.kv_cache.layers)
     assert len(runner.kv_cache.layers) == hf_config.num_hidden_layers
     bytes_per_block = hf_config.num_hidden_layers * 16 * latent_dim * 4
-    assert runner.num_blocks == budget // bytes_per_block
-    assert runner.kv_cache.num_tokens == runner.num_blocks * 16
-    assert all(layer.kv_cache.shape == (runner.num_blocks, 16, latent_dim) for layer in runner.kv_cache.layers)
+    assert runner.kv_cache.num_blocks == budget // bytes_per_block
+    assert runner.num_blocks == runner.kv_cache.num_blocks - 1  # the last one is the padding block
+    assert runner.kv_cache.num_tokens == runner.kv_cache.num_blocks * 16
+    assert all(layer.kv_cache.shape == (runner.kv_cache.num_blocks, 16, latent_dim)
+               for layer in runner.kv_cache.layers)
 
 
 def test_garbage_in_unassigned_latent_blocks_never_leaks(tiny_checkpoint) -> None:

@@ -54,8 +54,9 @@ def test_each_layer_caches_one_row_per_token(tiny_checkpoint) -> None:
     specs = runner.kv_cache.specs
     assert all(isinstance(spec, DeepseekV4Spec) for spec in specs)
     assert [spec.elements_per_token for spec in specs] == [32, 32 + 32 * 5 + 16 * 5, 32 + 32 * 3, 32 + 32 * 5 + 16 * 5]
-    assert runner.num_blocks == budget // (16 * 4 * sum(spec.elements_per_token for spec in specs))
-    assert all(layer.kv_cache.shape == (runner.num_blocks, 16, spec.elements_per_token)
+    assert runner.kv_cache.num_blocks == budget // (16 * 4 * sum(spec.elements_per_token for spec in specs))
+    assert runner.num_blocks == runner.kv_cache.num_blocks - 1  # the last one is the padding block
+    assert all(layer.kv_cache.shape == (runner.kv_cache.num_blocks, 16, spec.elements_per_token)
                for layer, spec in zip(runner.kv_cache.layers, specs))
 
 

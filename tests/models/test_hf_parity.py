@@ -131,13 +131,13 @@ def test_sliding_window_matches_transformers(tiny_checkpoint) -> None:
 
 
 def test_garbage_in_unassigned_cache_memory_never_leaks(tiny_checkpoint) -> None:
-    """The cache is allocated uninitialised; blocks are zeroed on assignment (block 0, the padding
-    block, at allocation), so even NaN left in memory — read under the mask in a block's
+    """The cache is allocated uninitialised; blocks are zeroed on assignment (the padding block, the
+    last one, at start-up), so even NaN left in memory — read under the mask in a block's
     unwritten tail — cannot reach the outputs."""
     checkpoint = tiny_checkpoint("LlamaForCausalLM")
     runner = _runner(checkpoint, block_size=16)
     for layer in runner.kv_cache.layers:
-        layer.kv_cache[:, 1:].fill_(float("nan"))
+        layer.kv_cache[:, : runner.padding_block].fill_(float("nan"))
     hf = hf_model(checkpoint, torch.float32)
     prompts = _prompts(runner.model_config.vocab_size, seed=4)
     params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)

@@ -121,21 +121,16 @@ def test_a_completed_grammar_allows_only_eos(pool: GrammarCompilerPool, model: M
     assert allowed(bitmask, 0, model.vocab_size) == sorted(model.eos_token_ids)
 
 
-class Row:
-    def __init__(self, slot: int, samples: bool = True) -> None:
-        self.slot, self.samples_this_step = slot, samples
-
-
 def test_bitmask_rows_and_rejections(pool: GrammarCompilerPool, model: ModelConfig) -> None:
     structured = StructuredOutputs(pool)
     structured.add(0, SamplingParams(), [])
-    assert structured.fill_bitmask([Row(0)], torch.device("cpu")) is None  # plain batches build nothing
+    assert structured.fill_bitmask([0], torch.device("cpu")) is None  # plain batches build nothing
     structured.add(1, SamplingParams(structured_outputs=StructuredOutputsParams(choice=["yes", "no"])), [])
     structured.add(2, SamplingParams(structured_outputs=StructuredOutputsParams(regex="(")), [])
-    assert structured.wait_for_grammars([Row(0), Row(1), Row(2, samples=False)]) == {}  # 2 does not sample yet
-    errors = structured.wait_for_grammars([Row(2)])
+    assert structured.wait_for_grammars([0, 1]) == {}  # 2 does not sample yet: its error waits
+    errors = structured.wait_for_grammars([2])
     assert list(errors) == [2] and "parenthesis" in errors[2]
-    bitmask = structured.fill_bitmask([Row(0), Row(1)], torch.device("cpu"))
+    bitmask = structured.fill_bitmask([0, 1], torch.device("cpu"))
     assert bitmask.shape == (2, (model.vocab_size + 31) // 32) and bool((bitmask[0] == -1).all())
     first = allowed(bitmask, 1, model.vocab_size)
     assert 0 < len(first) < model.vocab_size

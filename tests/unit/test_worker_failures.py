@@ -7,18 +7,14 @@ scheduling). Every surviving request's greedy tokens must equal those it gets wh
 
 from __future__ import annotations
 
-from collections import deque
-
-import msgspec
 import pytest
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
-from rapid_llm.config.scheduler_config import SchedulerConfig
-from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult
+from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.worker import Worker
+from tests.unit.worker_engine import Engine
 
 BLOCK_SIZE = 4
 SHARED_PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks, cached for the requests after the first
@@ -28,38 +24,6 @@ SHARED_PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks, cached for t
 def runner(tiny_checkpoint) -> ModelRunner:
     model = ModelConfig.from_pretrained(str(tiny_checkpoint("LlamaForCausalLM")))
     return ModelRunner(model, CacheConfig(block_size=BLOCK_SIZE, num_blocks=128), DeviceConfig("cpu"), max_num_seqs=8)
-
-
-def roundtrip(message: StepPlan | StepResult) -> StepPlan | StepResult:
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=type(message))
-
-
-class Engine:
-    """Scheduler + Worker in lock-step pairs, `depth` plans in flight; collects every request's outcome."""
-
-    def __init__(self, runner: ModelRunner) -> None:
-        model = runner.model_config
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_model_len=model.max_model_len, block_size=BLOCK_SIZE, max_num_seqs=8, max_num_batched_tokens=64,
-            num_kv_blocks=runner.num_blocks, eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size))
-        self.worker = Worker(runner)
-        self.outcomes: dict[str, dict[str, object]] = {}
-
-    def serve(self, requests: list[GenerateRequest], depth: int = 2) -> dict[str, dict[str, object]]:
-        for request in requests:
-            self.scheduler.add_request(request)
-        inflight: deque[StepPlan] = deque()
-        while self.scheduler.has_unfinished_requests() or inflight:
-            while len(inflight) < depth and (plan := self.scheduler.schedule()) is not None:
-                inflight.append(roundtrip(plan))
-            self.scheduler.process_result(roundtrip(self.worker.execute_plan(inflight.popleft())))
-            batch = self.scheduler.take_outputs()
-            for update in batch.updates if batch else []:
-                outcome = self.outcomes.setdefault(update.request_id, {"token_ids": []})
-                outcome["token_ids"] += update.token_ids
-                if update.finish_reason is not None:
-                    outcome.update(finish_reason=update.finish_reason, error=update.error, kind=update.error_kind)
-        return {request.request_id: self.outcomes[request.request_id] for request in requests}
 
 
 def greedy(request_id: str, prompt: list[int], **params: object) -> GenerateRequest:

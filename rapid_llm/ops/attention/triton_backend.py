@@ -5,6 +5,9 @@ decodes (one query token) and prefills (several: a fresh prompt or a chunk after
 Prefills run the flash-attention kernel (`ops/triton/attention_prefill.py`), decodes the split-KV
 kernel (`ops/triton/attention_decode.py`); both read K/V straight from the paged cache through the
 block table, write disjoint rows of one output, and handle GQA and sliding windows.
+CUDA graphs: a decode-only step reads only device tensors plus the split count and length, which
+`graph_decode_metadata` fixes for the longest sequence a graph may see (empty splits past a short
+sequence's end cost a program each and write lse = -inf, so the merge is exact for any length).
 Usage: selected as the "attention" op on CUDA (`REGISTRY.select("attention", device, dtype).fn`).
 """
 
@@ -20,6 +23,7 @@ from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata,
 from rapid_llm.ops.triton.attention_common import kernel_window
 from rapid_llm.ops.triton.attention_decode import decode_attention
 from rapid_llm.ops.triton.attention_prefill import prefill_attention
+from rapid_llm.utils.host_staging import to_device
 
 
 @dataclass
@@ -35,6 +39,8 @@ class TritonAttentionBackend(AttentionBackend):
     """`min_split_len` keys at least per decode split, and at most `max_splits` splits: short contexts
     stay in one program per (sequence, KV head), long ones spread over up to `max_splits` programs."""
 
+    supports_cuda_graphs = True
+
     def __init__(self, min_split_len: int = 256, max_splits: int = 32) -> None:
         if min_split_len < 1 or max_splits < 1:
             raise ValueError(f"min_split_len ({min_split_len}) and max_splits ({max_splits}) must be at least 1")
@@ -46,15 +52,34 @@ class TritonAttentionBackend(AttentionBackend):
         decodes = [seq for seq, query_len in enumerate(layout.query_lens) if query_len == 1]
         prefills = [seq for seq, query_len in enumerate(layout.query_lens) if query_len > 1]
         max_decode_len = max((layout.seq_lens[seq] for seq in decodes), default=1)
-        split_len = max(self.min_split_len, triton.cdiv(max_decode_len, self.max_splits))
+        num_splits, split_len = self._splits(max_decode_len)
+        decode_ids, prefill_ids = to_device([torch.tensor(decodes, dtype=torch.int64),
+                                             torch.tensor(prefills, dtype=torch.int64)], device)
         return TritonAttentionMetadata(
             **vars(common),
-            decode_seq_ids=torch.tensor(decodes, dtype=torch.int64, device=device),
-            prefill_seq_ids=torch.tensor(prefills, dtype=torch.int64, device=device),
+            decode_seq_ids=decode_ids,
+            prefill_seq_ids=prefill_ids,
             max_prefill_query_len=max((layout.query_lens[seq] for seq in prefills), default=0),
-            num_kv_splits=triton.cdiv(max_decode_len, split_len),
+            num_kv_splits=num_splits,
             kv_split_len=split_len,
         )
+
+    def graph_decode_metadata(self, common: AttentionMetadata, max_seq_len: int) -> TritonAttentionMetadata:
+        num_splits, split_len = self._splits(max_seq_len)
+        num_seqs = common.seq_lens.shape[0]
+        return TritonAttentionMetadata(
+            **vars(common),
+            decode_seq_ids=torch.arange(num_seqs, dtype=torch.int64, device=common.seq_lens.device),
+            prefill_seq_ids=torch.empty(0, dtype=torch.int64, device=common.seq_lens.device),
+            max_prefill_query_len=0,
+            num_kv_splits=num_splits,
+            kv_split_len=split_len,
+        )
+
+    def _splits(self, max_decode_len: int) -> tuple[int, int]:
+        """(number of splits, keys per split) for decodes of at most `max_decode_len` keys."""
+        split_len = max(self.min_split_len, triton.cdiv(max_decode_len, self.max_splits))
+        return triton.cdiv(max_decode_len, split_len), split_len
 
     def forward(
         self,

@@ -1,0 +1,140 @@
+"""The persistent per-slot input batch: every running request's state, kept in preallocated tensors.
+
+Row `slot` holds the request in that slot: its tokens (the device token pool, which the step's sampled
+token is written back into on the device), its block table (a device [slots, max_blocks] table plus the
+host lists the list-reading attention adapters use), host counts of its known and prompt tokens, and its
+sampling row (`SamplingRows`). The scheduler's deltas update rows in place -- a new or resumed request
+fills its row once, released slots are reset, new block ids are scattered into the table once per step
+-- so a step only gathers rows by slot index. `num_tokens` counts tokens a launched step will sample
+before their values reach the host, which is what lets the next step launch before the copy back.
+One extra row, `padding_slot`, and one KV block, `padding_block`, serve padded rows (CUDA graph
+buckets): a padded row reads and writes only that block, never live KV.
+
+Usage:
+    batch.add(slot, request_id, token_ids, num_prompt_tokens, params)  # raises if the request cannot be served
+    batch.append_blocks(slot, block_ids); batch.flush_blocks()          # once per step, before the forward
+    batch.record_sampled(slots, slots_on_device, positions_on_device, token_ids)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rapid_llm.layers.sampling_batch import SamplingBatch, SamplingRequest, min_tokens_banned_ids
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.utils.host_staging import to_device
+from rapid_llm.worker_proc.sampling_rows import SamplingRows
+
+
+class InputBatch:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, padding_block: int,
+                 vocab_size: int, eos_token_ids: Sequence[int], device: torch.device) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.padding_block = padding_block
+        self.padding_slot = max_num_seqs
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.device = device
+        rows = max_num_seqs + 1
+        self.max_blocks = -(-max_model_len // block_size)
+        # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
+        self.token_pool = torch.zeros(rows, max_model_len + 1, dtype=torch.int32, device=device)
+        self.block_table = torch.full((rows, self.max_blocks), padding_block, dtype=torch.int64, device=device)
+        self.host_block_tables: list[list[int]] = [[] for _ in range(rows)]
+        self.num_blocks = np.zeros(rows, dtype=np.int64)
+        self.num_tokens = np.zeros(rows, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(rows, dtype=np.int64)
+        self.request_ids: list[str | None] = [None] * rows
+        self.prompts: list[Sequence[int]] = [()] * rows
+        self.params: list[SamplingParams] = [SamplingParams()] * rows
+        self.wants_prompt_logprobs = np.zeros(rows, dtype=bool)
+        self.sampling = SamplingRows(rows, vocab_size, device)
+        self._pending_rows: list[int] = []
+        self._pending_columns: list[int] = []
+        self._pending_blocks: list[int] = []
+
+    def check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_num_seqs:
+            raise ValueError(f"slot {slot} is outside the input batch (max_num_seqs={self.max_num_seqs})")
+
+    def sampling_row(self, params: SamplingParams, prompt: Sequence[int], outputs: Sequence[int]) -> SamplingBatch:
+        """One request's sampling row, built on the CPU: raises for a parameter the sampler cannot take."""
+        request = SamplingRequest(params, prompt, outputs, self.eos_token_ids)
+        return SamplingBatch.build([request], vocab_size=self.vocab_size, device=torch.device("cpu"))
+
+    def add(self, slot: int, request_id: str, token_ids: Sequence[int], num_prompt_tokens: int,
+            params: SamplingParams) -> None:
+        """Fill `slot`'s row for a new or resumed request (all its known tokens); no block yet. Raises, leaving
+        the row empty, if the request cannot be served."""
+        self.check_slot(slot)
+        prompt, outputs = token_ids[:num_prompt_tokens], token_ids[num_prompt_tokens:]
+        row = self.sampling_row(params, prompt, outputs)
+        self.write_tokens(slot, token_ids)
+        self._reset_blocks([slot])
+        self.num_tokens[slot] = len(token_ids)
+        self.num_prompt_tokens[slot] = num_prompt_tokens
+        self.request_ids[slot] = request_id
+        self.prompts[slot] = prompt
+        self.params[slot] = params
+        self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
+        self.sampling.add(slot, row, min_tokens_banned_ids(params, self.eos_token_ids), params)
+
+    def write_tokens(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Put tokens into the slot's pool row; the row's request is unknown until `add` (used alone by tests)."""
+        self.check_slot(slot)
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.max_model_len}")
+        self.request_ids[slot] = None
+        self.token_pool[slot, : len(token_ids)] = to_device([torch.tensor(token_ids, dtype=torch.int32)], self.device)[0]
+
+    def release(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            self.request_ids[slot] = None
+            self.num_tokens[slot] = 0
+        self._reset_blocks(slots)
+
+    def _reset_blocks(self, slots: Sequence[int]) -> None:
+        """Point the rows at the padding block: a stale id must never lead a reused row into live KV."""
+        held = [slot for slot in slots if self.num_blocks[slot]]
+        for slot in held:
+            self.num_blocks[slot] = 0
+            self.host_block_tables[slot] = []
+        if held:
+            self.block_table[to_device([torch.tensor(held, dtype=torch.int64)], self.device)[0]] = self.padding_block
+
+    def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:
+        """Extend the slot's block table; the device table gets them at the next `flush_blocks`."""
+        if not block_ids:
+            return
+        start = int(self.num_blocks[slot])
+        if start + len(block_ids) > self.max_blocks:
+            raise ValueError(f"slot {slot}: {start + len(block_ids)} blocks exceed the {self.max_blocks} that "
+                             f"max_model_len {self.max_model_len} needs")
+        self.host_block_tables[slot].extend(block_ids)
+        self._pending_rows.extend([slot] * len(block_ids))
+        self._pending_columns.extend(range(start, start + len(block_ids)))
+        self._pending_blocks.extend(block_ids)
+        self.num_blocks[slot] = start + len(block_ids)
+
+    def flush_blocks(self) -> None:
+        """Scatter every block appended since the last flush into the device table, in one copy and one op."""
+        if not self._pending_blocks:
+            return
+        rows, columns, blocks = to_device([torch.tensor(values, dtype=torch.int64) for values in
+                                           (self._pending_rows, self._pending_columns, self._pending_blocks)],
+                                          self.device)
+        self.block_table[rows, columns] = blocks
+        self._pending_rows, self._pending_columns, self._pending_blocks = [], [], []
+
+    def record_sampled(self, slots: np.ndarray, slots_on_device: torch.Tensor, positions_on_device: torch.Tensor,
+                       token_ids: torch.Tensor) -> None:
+        """Each sampling row's token: into its pool row at `positions` and its penalty counts, on the device; the
+        host counts it now, before its value is known there."""
+        self.token_pool[slots_on_device, positions_on_device] = token_ids.to(torch.int32)
+        self.sampling.count(slots_on_device, token_ids)
+        self.num_tokens[slots] += 1
