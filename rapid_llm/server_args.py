@@ -49,10 +49,12 @@ class ServerArgs:
     dtype: str = field(default="auto", metadata={"help": "Model dtype: auto (the checkpoint's), float32, "
                        "bfloat16 or float16."})
     quantization: str | None = field(default=None, metadata={"help": "Quantize the weights of a bf16/fp32 "
-                                     "checkpoint after loading (FP8 e4m3, W8A8 with dynamic activations): "
-                                     + ", ".join(online_names()) + " (per-tensor; per-row; 128x128 or 32x32 blocks; "
-                                     "-ue8m0: power-of-two scales). FP8 checkpoints (quant_method fp8 or "
-                                     "fbgemm_fp8) load as quantized without it. See docs/quantization.md."})
+                                     "checkpoint after loading: " + ", ".join(online_names()) + " (fp8*: FP8 e4m3, "
+                                     "W8A8 with dynamic activations, per-tensor; per-row; 128x128 or 32x32 blocks; "
+                                     "-ue8m0: power-of-two scales; nvfp4 / mxfp4: FP4 weight only, 16-element "
+                                     "fp8-scaled / 32-element e8m0-scaled groups). Quantized checkpoints (quant_method "
+                                     "fp8, fbgemm_fp8, compressed-tensors, modelopt, mxfp4) load as quantized without "
+                                     "it. See docs/quantization.md and docs/quantization_fp4.md."})
     max_model_len: int | None = field(default=None, metadata={"help": "Longest prompt + output in tokens "
                                       "(default: what the model supports)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests running in one step."})

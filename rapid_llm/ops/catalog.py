@@ -31,6 +31,9 @@ register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP
 # fp8_linear(x, fp8 weight, scales, input_scale, spec, bias): FP8 weight formats (rapid_llm/quantization/fp8_linear.py
 # binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype.
 register_op(name="fp8_linear", backend=REFERENCE, fn="rapid_llm.ops.fp8_linear:fp8_linear")
+# fp4_linear(x, packed weight, group scales, weight_global, input_global, spec, bias): NVFP4 / MXFP4 weights
+# (rapid_llm/quantization/fp4_linear.py). torch_ref dequantizes and runs F.linear in the activation dtype.
+register_op(name="fp4_linear", backend=REFERENCE, fn="rapid_llm.ops.fp4_linear:fp4_linear")
 # fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
 # expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")
