@@ -69,7 +69,8 @@ class ServerArgs:
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype: auto (= model "
                                 "dtype), a float dtype, or fp8 (= fp8_e4m3: quantized per layer with the checkpoint's "
-                                "k_scale/v_scale, else 1.0; twice bf16's tokens). nvfp4 is not built yet."})
+                                "k_scale/v_scale, else 1.0; twice bf16's tokens) or nvfp4 (e2m1 with an fp8 scale per 16 values; "
+                                "3.56x bf16's tokens; read by --attention-backend torch_ref only)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})
