@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.layers.linear import LinearBase
 from rapid_llm.quantization.fp4_math import mxfp4_quantize, nvfp4_quantize
-from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES, build_tiny_checkpoint
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_logits
 from tests.models.paged_generation import prefill_logits
@@ -144,3 +145,26 @@ def test_fp4_flags_in_help_and_server_info(tmp_path: Path) -> None:
     assert summary["quantization"]["format"] == "mxfp4" and summary["quantization"]["group_size"] == 32
     config = json.loads((source / "config.json").read_text())
     assert "quantization_config" not in config
+
+
+# Tiny widths off the groups (real models' widths are multiples of 128): refused naming the layer.
+OFF_THE_GROUPS = {("DeepseekV4ForCausalLM", "nvfp4"): "attn.wq_b: its 24 input features",
+                  ("DeepseekV4ForCausalLM", "mxfp4"): "attn.wq_b: its 24 input features",
+                  ("DeepseekV3ForCausalLM", "mxfp4"): "q_b_proj: its 48 input features",
+                  ("Qwen2MoeForCausalLM", "mxfp4"): "shared_expert.down_proj: its 80 input features"}
+
+
+@pytest.mark.parametrize("method", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
+def test_online_fp4_runs_every_architecture(tiny_checkpoint, architecture: str, method: str) -> None:
+    """Every model family builds, loads and runs with its linear layers in FP4 (experts stay in the model dtype),
+    or names the layer whose input width its tiny config puts off the format's groups."""
+    refused = OFF_THE_GROUPS.get((architecture, method))
+    if refused is not None:
+        with pytest.raises(ValueError, match=refused):
+            _runner(tiny_checkpoint(architecture), method)
+        return
+    runner = _runner(tiny_checkpoint(architecture), method)
+    layers = [module for module in runner.model.modules() if isinstance(module, LinearBase)]
+    assert any(layer.weight.dtype == torch.uint8 for layer in layers)
+    assert all(torch.isfinite(logits).all() for logits in prefill_logits(runner, list(PROMPTS)))
