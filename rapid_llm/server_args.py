@@ -49,12 +49,14 @@ class ServerArgs:
     dtype: str = field(default="auto", metadata={"help": "Model dtype: auto (the checkpoint's), float32, "
                        "bfloat16 or float16."})
     quantization: str | None = field(default=None, metadata={"help": "Quantize the weights of a bf16/fp32 "
-                                     "checkpoint after loading (FP8 e4m3, W8A8 with dynamic activations): "
-                                     + ", ".join(online_names()) + " (per-tensor; per-row; 128x128 or 32x32 blocks; "
+                                     "checkpoint after loading: " + ", ".join(online_names()) + " (fp8*: FP8 e4m3, "
+                                     "W8A8 with dynamic activations, per-tensor; per-row; 128x128 or 32x32 blocks; "
                                      "-ue8m0: power-of-two scales; w4a16 / w4a8: int4 round-to-nearest in groups "
-                                     "of 128, w4a8 with int8 per-token activations). FP8, GPTQ and AWQ checkpoints "
-                                     "(quant_method fp8, fbgemm_fp8, gptq, awq) load as quantized without it. See "
-                                     "docs/quantization.md and docs/quantization_int4.md."})
+                                     "of 128, w4a8 with int8 per-token activations; nvfp4 / mxfp4: FP4 weight only, "
+                                     "16-element fp8-scaled / 32-element e8m0-scaled groups). Quantized checkpoints "
+                                     "(quant_method fp8, fbgemm_fp8, gptq, awq, compressed-tensors, modelopt, mxfp4) "
+                                     "load as quantized without it. See docs/quantization.md, "
+                                     "docs/quantization_int4.md and docs/quantization_fp4.md."})
     max_model_len: int | None = field(default=None, metadata={"help": "Longest prompt + output in tokens "
                                       "(default: what the model supports)."})
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests running in one step."})
@@ -69,7 +71,8 @@ class ServerArgs:
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype: auto (= model "
                                 "dtype), a float dtype, or fp8 (= fp8_e4m3: quantized per layer with the checkpoint's "
-                                "k_scale/v_scale, else 1.0; twice bf16's tokens). nvfp4 is not built yet."})
+                                "k_scale/v_scale, else 1.0; twice bf16's tokens) or nvfp4 (e2m1 with an fp8 scale per 16 values; "
+                                "3.56x bf16's tokens; read by --attention-backend torch_ref only)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})

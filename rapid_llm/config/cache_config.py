@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # what vLLM's CPU backend reserves by default
 # Quantized KV caches (ops/attention/kv_quant.py), vLLM's spellings; "fp8" is e4m3.
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
-NOT_BUILT_KV_CACHE_DTYPES = ("nvfp4", "fp8_e5m2")
+NVFP4_KV_CACHE_DTYPE = "nvfp4"  # e2m1 codes with fp8 scales per 16 values (kv_quant.py)
+NOT_BUILT_KV_CACHE_DTYPES = ("fp8_e5m2",)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class CacheConfig:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.cache_dtype in NOT_BUILT_KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.cache_dtype} is not built yet; use auto, "
-                             f"{' or '.join(FP8_KV_CACHE_DTYPES)} (e4m3) or a float dtype")
-        if self.cache_dtype != "auto" and self.cache_dtype not in FP8_KV_CACHE_DTYPES:
+                             f"{' or '.join(FP8_KV_CACHE_DTYPES)} (e4m3), {NVFP4_KV_CACHE_DTYPE} or a float dtype")
+        if self.cache_dtype not in ("auto", NVFP4_KV_CACHE_DTYPE, *FP8_KV_CACHE_DTYPES):
             dtype_name(self.cache_dtype, "--kv-cache-dtype")
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
@@ -47,4 +48,8 @@ class CacheConfig:
             from rapid_llm.ops.attention.kv_quant import FP8_KV_DTYPE
 
             return FP8_KV_DTYPE
+        if self.cache_dtype == NVFP4_KV_CACHE_DTYPE:
+            from rapid_llm.ops.attention.kv_quant import NVFP4_KV_DTYPE
+
+            return NVFP4_KV_DTYPE
         return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")

@@ -22,8 +22,10 @@ from rapid_llm.ops.attention.backend import StepLayout
 from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
 from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
+from rapid_llm.ops.fp4_linear import Fp4LinearSpec
 from rapid_llm.ops.fp8_linear import Fp8LinearSpec
 from rapid_llm.ops.int4_linear import Int4LinearSpec
+from rapid_llm.quantization.fp4_math import mxfp4_quantize, nvfp4_global_scale, nvfp4_quantize
 from rapid_llm.quantization.fp8_math import quantize_weight
 from rapid_llm.quantization.int4_math import quantize_rtn
 
@@ -190,6 +192,22 @@ def _int4_linear_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]
     """The weight in the kernel's own format, as Int4LinearMethod prepares it."""
     x, q, scales, zeros, spec, bias = args
     return (x, *kernel.prepare(q, scales, zeros, spec.group_size, x.dtype), spec, bias)
+def _fp4_linear(config: CaseConfig, variant: str) -> OpInputs:
+    """The gate_up projection's weight in NVFP4 (weight only, or W4A4 with a static input scale) or MXFP4."""
+    inputs, t = _Inputs(config), config.num_tokens
+    d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
+    w = inputs.randn(d_out, d_in, scale=d_in**-0.5, dtype=torch.float32)
+    x = inputs.randn(t, d_in)
+    if variant == "mxfp4":
+        (weight, scale), weight_global, input_global = mxfp4_quantize(w), None, None
+    else:
+        weight, scale, weight_global = nvfp4_quantize(w)
+        weight_global = weight_global.reshape(1, 1).to(config.device)
+        input_global = nvfp4_global_scale(x.abs().amax()).to(config.device) if variant == "nvfp4-w4a4" else None
+    spec = Fp4LinearSpec("mxfp4" if variant == "mxfp4" else "nvfp4", "nvfp4" if variant == "nvfp4-w4a4" else "none")
+    args = (x, weight.to(config.device), scale.to(config.device), weight_global, input_global, spec,
+            inputs.randn(d_out))
+    return OpInputs(args, f"[{t}, {d_in}] x fp4 [{d_out}, {d_in}] {variant}")
 
 
 def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
@@ -351,6 +369,7 @@ OP_CASES: dict[str, OpCase] = {
     "fp8_linear": OpCase(_fp8_linear, variants=("tensor", "row", "static", "block128", "block32", "block32-ue8m0")),
     "int4_linear": OpCase(_int4_linear, variants=("w4a16-g32", "w4a16-g32-sym", "w4a16-per-channel", "w4a8-g32"),
                           prepare=_int4_linear_prepared),
+    "fp4_linear": OpCase(_fp4_linear, variants=("nvfp4", "nvfp4-w4a4", "mxfp4")),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),

@@ -8,6 +8,7 @@ linear_method.py); layers that `ignored` names stay in the model dtype.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 
@@ -30,5 +31,14 @@ def config_error(field: str, problem: str) -> ValueError:
 
 def ignored_by(module_name: str, ignored: tuple[str, ...]) -> bool:
     """Whether an entry of `modules_to_not_convert` / `ignored_layers` names the module: the whole name, or a
-    dotted run of its components ("lm_head", "model.layers.0.mlp", "down_proj")."""
-    return any(f".{entry}." in f".{module_name}." for entry in ignored)
+    dotted run of its components ("lm_head", "model.layers.0.mlp", "down_proj"), where `*` stands for one
+    component (gpt-oss: "model.layers.*.self_attn"); a `re:` entry (compressed-tensors) matches from the start."""
+    for entry in ignored:
+        if entry.startswith("re:"):
+            matched = re.match(entry[3:], module_name) is not None
+        else:
+            run = r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in entry.split("."))
+            matched = re.search(rf"(^|\.){run}(\.|$)", module_name) is not None
+        if matched:
+            return True
+    return False

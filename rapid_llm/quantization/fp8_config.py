@@ -29,6 +29,7 @@ class Fp8Config:
     ignored: tuple[str, ...] = ()
     activation_scale_ub: float | None = None  # fbgemm_fp8: dynamic activation amax is clamped to this
     method: str = "fp8"
+    block_scale_name: str = "weight_scale_inv"  # compressed-tensors names block scales weight_scale
 
     @property
     def name(self) -> str:

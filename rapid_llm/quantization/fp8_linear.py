@@ -85,6 +85,17 @@ def check_block_alignment(layer: nn.Module, block: tuple[int, int]) -> None:
                              "cannot be placed; this checkpoint's shapes do not fit weight_block_size")
 
 
+def rows_of_shard_scales(layer: nn.Module, scales: torch.Tensor) -> torch.Tensor:
+    """Per-matrix scales [shards] -> one per output row [out, 1] (a merged layer's shards differ)."""
+    if _is_row_parallel(layer):
+        return scales.reshape(1, 1)
+    rows = torch.empty(layer.weight.shape[0], 1, dtype=torch.float32, device=scales.device)
+    for index, shard_id in enumerate(layer.shard_ids()):
+        start, count, _ = layer.output_slice(shard_id)
+        rows[start:start + count] = scales[index]
+    return rows
+
+
 class Fp8LinearMethod(LinearMethod):
     def __init__(self, config: Fp8Config) -> None:
         self.config = config
@@ -103,7 +114,7 @@ class Fp8LinearMethod(LinearMethod):
         fp32 = {"dtype": torch.float32, "device": device}
         if config.block is not None:
             tiles = (_ceil(out_features, config.block[0]), _ceil(in_features, config.block[1]))
-            set_parameter(layer, "weight_scale_inv", torch.empty(tiles, **fp32),
+            set_parameter(layer, config.block_scale_name, torch.empty(tiles, **fp32),
                           partial(_load_block_scale, layer, config.block))
         elif config.granularity == "row":
             set_parameter(layer, "weight_scale", torch.empty(out_features, 1, **fp32), partial(_load_row_scale, layer))
@@ -114,13 +125,13 @@ class Fp8LinearMethod(LinearMethod):
 
     def prepare(self, layer: nn.Module) -> None:
         config = self.config
-        scale_name = "weight_scale_inv" if config.block is not None else "weight_scale"
+        scale_name = config.block_scale_name if config.block is not None else "weight_scale"
         if config.online:
             weight, scale = quantize_weight(layer.weight.data, config.block, config.ue8m0, config.granularity == "row")
             set_parameter(layer, "weight", weight)
             set_parameter(layer, scale_name, scale)
         elif config.granularity == "tensor":
-            set_parameter(layer, scale_name, self._rows_of_shard_scales(layer))
+            set_parameter(layer, scale_name, rows_of_shard_scales(layer, layer.weight_scale.data))
         scale = getattr(layer, scale_name)
         if config.ue8m0 and not torch.equal(scale, torch.exp2(torch.round(torch.log2(scale)))):
             raise ValueError("quantization_config.scale_fmt is ue8m0, but its weight scales are not powers of two")
@@ -134,15 +145,3 @@ class Fp8LinearMethod(LinearMethod):
                              config.activation_scale_ub)
         fn = REGISTRY.select("fp8_linear", layer.weight.device, layer.params_dtype).fn
         layer.kernel = Fp8LinearKernel(fn, spec, scale, getattr(layer, "input_scale", None))
-
-    @staticmethod
-    def _rows_of_shard_scales(layer: nn.Module) -> torch.Tensor:
-        """Per-matrix scales [shards] -> one per output row [out, 1] (a merged layer's shards differ)."""
-        scales = layer.weight_scale.data
-        if _is_row_parallel(layer):
-            return scales.reshape(1, 1)
-        rows = torch.empty(layer.weight.shape[0], 1, dtype=torch.float32, device=scales.device)
-        for index, shard_id in enumerate(layer.shard_ids()):
-            start, count, _ = layer.output_slice(shard_id)
-            rows[start:start + count] = scales[index]
-        return rows

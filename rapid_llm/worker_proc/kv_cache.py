@@ -14,8 +14,9 @@ still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they 
 reused. Block 0 is zeroed up front because block tables are padded with it. Once written, blocks
 only ever hold finite K/V, which a mask handles.
 
-An fp8 cache (`--kv-cache-dtype fp8`) is built for full attention only: MLA and DeepSeek-V4 layers refuse it here,
-at start-up. Checkpoint k_scale/v_scale are logged as unused when the cache is not fp8.
+A quantized cache (`--kv-cache-dtype fp8 | nvfp4`) is built for full attention only: MLA and DeepSeek-V4 layers
+refuse it here, at start-up, as does a backend that cannot read it. Checkpoint k_scale/v_scale are logged as
+unused when the cache is not fp8 (nvfp4 keeps its own scales per 16 values).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
 from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec, bytes_per_block, num_blocks_for_budget
-from rapid_llm.ops.attention.kv_quant import is_fp8_kv
+from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +80,20 @@ class KVCache:
 
 
 def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], dtype: torch.dtype,
-                   backend_supports_fp8: bool) -> None:
-    """Refuse an fp8 cache where it is not built; say when checkpoint KV scales go unused."""
-    if is_fp8_kv(dtype):
+                   backend: Any) -> None:
+    """Refuse a quantized cache where it is not built; say when checkpoint KV scales go unused."""
+    fmt = kv_format(dtype)
+    if fmt is not None:
         other = sorted({type(spec).__name__ for spec in specs if not isinstance(spec, FullAttentionSpec)})
         if other:
-            raise ValueError(f"--kv-cache-dtype fp8 is built for full attention only, not for this model's {other} "
+            raise ValueError(f"--kv-cache-dtype {fmt} is built for full attention only, not for this model's {other} "
                              "caches (MLA / DeepSeek-V4 latent caches); use --kv-cache-dtype auto")
-        if not backend_supports_fp8:
-            raise ValueError("the selected attention backend does not read an fp8 KV cache; use "
+        if not backend_reads_kv(backend, dtype):
+            raise ValueError(f"the selected attention backend does not read an {fmt} KV cache; use "
                              "--attention-backend torch_ref or --kv-cache-dtype auto")
-    elif any(getattr(layer, "kv_scales_from_checkpoint", False) for layer in layers):
-        logger.info("the checkpoint's k_scale/v_scale are loaded and unused: the KV cache is %s, not fp8", dtype)
+    if fmt != "fp8" and any(getattr(layer, "kv_scales_from_checkpoint", False) for layer in layers):
+        logger.info("the checkpoint's k_scale/v_scale are loaded and unused: the KV cache is %s, not fp8",
+                    fmt or dtype)
 
 
 def allocate_kv_cache(
@@ -100,7 +103,7 @@ def allocate_kv_cache(
     layers = attention_layers(model)
     dtype = cache_config.kv_dtype(model_config.dtype)
     specs = [layer.kv_cache_spec(dtype) for layer in layers]
-    check_kv_dtype(layers, specs, dtype, getattr(backend, "supports_fp8_kv", False))
+    check_kv_dtype(layers, specs, dtype, backend)
     block_size = cache_config.block_size
     num_blocks = cache_config.num_blocks or num_blocks_for_budget(specs, block_size,
                                                                   kv_cache_budget(cache_config, device))

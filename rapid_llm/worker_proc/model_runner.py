@@ -34,7 +34,7 @@ from rapid_llm.layers.sampler import Sampler
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
-from rapid_llm.ops.attention.kv_quant import is_fp8_kv
+from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.structured.manager import StructuredOutputs
@@ -130,12 +130,13 @@ class ModelRunner:
         return self.num_blocks * self.cache_config.block_size
 
     def _select_attention(self, attention_op: str) -> object:
-        """The registry's attention backend; for an fp8 KV cache torch_ref when the chosen one cannot read fp8
-        (cpu_paged, triton and the library adapters read only float caches), unless --op-backend pinned it."""
+        """The registry's attention backend; for a quantized KV cache torch_ref when the chosen one cannot read it
+        (triton and the library adapters read only float caches, cpu_paged fp8 but not nvfp4), unless --op-backend
+        pinned it."""
         backend = REGISTRY.select(attention_op, self.device, self.model_config.dtype_name).fn
-        fp8 = is_fp8_kv(self.cache_config.kv_dtype(self.model_config.dtype))
-        if fp8 and not getattr(backend, "supports_fp8_kv", False) and attention_op not in REGISTRY.overrides:
-            reason = "the fp8 KV cache is read by torch_ref only"
+        kv_dtype = self.cache_config.kv_dtype(self.model_config.dtype)
+        if not backend_reads_kv(backend, kv_dtype) and attention_op not in REGISTRY.overrides:
+            reason = f"the {kv_format(kv_dtype)} KV cache is read by torch_ref only"
             logger.info("op %s: torch_ref (%s)", attention_op, reason)
             self.op_choices[attention_op] = {"backend": "torch_ref", "reason": reason}
             return REGISTRY.implementation(attention_op, "torch_ref", self.device, self.model_config.dtype_name).fn

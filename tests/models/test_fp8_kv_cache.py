@@ -121,8 +121,8 @@ def test_checkpoint_kv_scales_reach_attention(tiny_checkpoint, tmp_path, monkeyp
 
 
 def test_refusals(tiny_checkpoint) -> None:
-    with pytest.raises(ValueError, match="nvfp4 is not built yet"):
-        CacheConfig(cache_dtype="nvfp4")
+    with pytest.raises(ValueError, match="fp8_e5m2 is not built yet"):
+        CacheConfig(cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="full attention only"):
         _runner(tiny_checkpoint("DeepseekV2ForCausalLM"), "fp8")
 

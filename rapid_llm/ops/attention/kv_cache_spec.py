@@ -5,7 +5,9 @@ Every layer declares one (`kv_cache_spec(dtype)`): full attention keeps K and V 
 KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]); DeepSeek-V4 one row per token
 holding its shared K=V, its compressors' inputs and, on a window's last token, the compressed entry
 (`DeepseekV4Spec`). A full-attention spec may be fp8 (`kv_quant.py`): one byte per element, so twice
-the tokens of bf16 per byte, and it carries the layer's K/V scales. All layers share block
+the tokens of bf16 per byte, and it carries the layer's K/V scales; or nvfp4 (uint8): each head's row is
+head_dim / 2 bytes of e2m1 codes then head_dim / 16 fp8 group scales, 0.5625 bytes per element, so 3.56x the
+tokens of bf16. All layers share block
 ids, so one block costs the sum of every layer's bytes for it, and the block count a byte budget
 buys follows from that sum. The layout here is the contract between the worker that allocates and
 the backends that read it.
@@ -20,7 +22,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv
+from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv, is_nvfp4_kv, nvfp4_row_bytes
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,21 @@ class FullAttentionSpec(KVCacheSpec):
     kv_scales: KVScales = KVScales()  # dequantization scales, used when the cache is fp8
     block_dim: ClassVar[int] = 1
 
+    def __post_init__(self) -> None:
+        if is_nvfp4_kv(self.dtype):
+            nvfp4_row_bytes(self.head_dim)  # refuses a head_dim off the 16-element groups, at start-up
+
+    @property
+    def row_width(self) -> int:
+        """Cache elements per token and KV head: head_dim, or an nvfp4 row's bytes (codes, then group scales)."""
+        return nvfp4_row_bytes(self.head_dim) if is_nvfp4_kv(self.dtype) else self.head_dim
+
     @property
     def elements_per_token(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim
+        return 2 * self.num_kv_heads * self.row_width
 
     def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return (2, num_blocks, block_size, self.num_kv_heads, self.row_width)
 
 
 @dataclass(frozen=True)

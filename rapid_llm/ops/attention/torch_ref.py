@@ -5,7 +5,8 @@ each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
 inflating every decode row to its length. Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
-An fp8 cache (`--kv-cache-dtype fp8`) is quantized on write and its gathered history dequantized here.
+An fp8 or nvfp4 cache (`--kv-cache-dtype fp8 | nvfp4`) is quantized on write and its gathered history
+dequantized here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import torch.nn.functional as F
 from rapid_llm import ops
 from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
-from rapid_llm.ops.attention.kv_quant import KVScales, dequantize_kv, is_fp8_kv, write_kv_cache_fp8
+from rapid_llm.ops.attention.kv_quant import (
+    KVScales, dequantize_kv, dequantize_kv_nvfp4, is_fp8_kv, is_nvfp4_kv, write_kv_cache_fp8, write_kv_cache_nvfp4,
+)
 
 
 @dataclass
@@ -109,6 +112,9 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
         compute = compute_dtype(history.device, query.dtype)
         keys, values = dequantize_kv(history[0], scales.k_scale, compute), dequantize_kv(history[1], scales.v_scale,
                                                                                           compute)
+    elif is_nvfp4_kv(history.dtype):
+        compute = compute_dtype(history.device, query.dtype)
+        keys, values = (dequantize_kv_nvfp4(history[index], query.shape[-1], compute) for index in (0, 1))
     else:
         # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
         compute = compute_dtype(history.device, history.dtype)
@@ -126,6 +132,7 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
 
 class TorchReferenceBackend(AttentionBackend):
     supports_fp8_kv = True
+    supports_nvfp4_kv = True
 
     def build_metadata(self, layout: StepLayout, device: torch.device) -> TorchAttentionMetadata:
         common = build_common_metadata(layout, device)
@@ -150,6 +157,8 @@ class TorchReferenceBackend(AttentionBackend):
     ) -> torch.Tensor:
         if is_fp8_kv(kv_cache.dtype):
             write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, kv_scales or KVScales())
+        elif is_nvfp4_kv(kv_cache.dtype):
+            write_kv_cache_nvfp4(key, value, kv_cache, metadata.slot_mapping)
         else:
             ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
         output = torch.empty_like(query)
