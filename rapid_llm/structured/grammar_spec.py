@@ -6,8 +6,9 @@ strings as literals). JSON is generated without free whitespace (`, ` and `: ` s
 `disable_any_whitespace`), so output length is bounded by the values, not by how much whitespace a
 model emits; schemas are compiled in xgrammar's strict mode (no properties beyond the schema's unless
 additionalProperties allows them). xgrammar 0.2.9 lets a string with minLength/maxLength hold raw control
-characters, which JSON forbids (mlc-ai/xgrammar#800); such a string is compiled as the equivalent
-`pattern` over the characters JSON allows unescaped instead. The spec is hashable: it is the worker's
+characters, which JSON forbids (mlc-ai/xgrammar#800); such a string is compiled as a `pattern` over
+printable ASCII without `"` and `\\` instead (a negated class would match single bytes of a multi-byte
+character, so the decoded text could hold U+FFFD and exceed maxLength). The spec is hashable: it is the worker's
 compile-cache key.
 Usage: `spec = GrammarSpec.of(params.structured_outputs); spec.check()` (the frontend, for a 400);
 `spec.compile(compiler)` (the worker).
@@ -81,7 +82,7 @@ class GrammarSpec:
 
 def _bounded_strings_as_patterns(schema_text: str) -> str:
     """The schema with each length-bounded plain string (no pattern, format, enum or const) as a pattern of
-    that many JSON-safe characters; the text unchanged when there is none (or it is not JSON: check() says so)."""
+    that many printable ASCII characters other than `"` and `\\`; the text unchanged when there is none (or it is not JSON: check() says so)."""
     try:
         schema = json.loads(schema_text)
     except json.JSONDecodeError:
@@ -100,7 +101,7 @@ def _bounded_strings_as_patterns(schema_text: str) -> str:
             if (node.get("type") == "string" and bounded
                     and not {"pattern", "format", "enum", "const"} & node.keys()):
                 low, high = node.pop("minLength", 0), node.pop("maxLength", "")
-                node["pattern"] = f"^[^\\x00-\\x1f\"\\\\]{{{low},{high}}}$"
+                node["pattern"] = f"^[ !#-\\[\\]-~]{{{low},{high}}}$"
                 changed = True
 
     visit(schema)

@@ -115,14 +115,15 @@ def _served(cache_dtype: str, prompts: list[str]) -> tuple[int, list[str]]:
 
 
 def test_served_demo_model_with_an_nvfp4_cache() -> None:
-    """/server_info capacity follows the arithmetic (64 MiB: 21840 -> 77664 tokens); the served greedy completions
+    """/server_info capacity follows the arithmetic, less the padding block (64 MiB: 21824 -> 77648 tokens); the served greedy completions
     stay close to bf16's: measured 1 of 3 identical, the others sharing their first 20 and 12 characters (an fp8
     cache on these short, near-tie prompts: also 1 of 3 identical)."""
     prompts = ["def read_config(path):\n", "import os\n\n\nclass ", "    for index, item in enumerate("]
     bf16_tokens, bf16_texts = _served("auto", prompts)
     nvfp4_tokens, nvfp4_texts = _served("nvfp4", prompts)
     per_token = 6 * 2 * 2 * (32 + 4)  # layers x (K, V) x KV heads x row bytes of head_dim 64
-    assert bf16_tokens == 21840 and nvfp4_tokens == (64 << 20) // (16 * per_token) * 16 == 77664
+    # One block of 16 tokens is the worker's reserved padding block, paid from the budget.
+    assert bf16_tokens == 21824 and nvfp4_tokens == (64 << 20) // (16 * per_token) * 16 - 16 == 77648
     print(f"served bf16 {bf16_texts!r}\nserved nvfp4 {nvfp4_texts!r}")
     assert sum(a == b for a, b in zip(bf16_texts, nvfp4_texts)) >= 1
     assert all(a[:10] == b[:10] for a, b in zip(bf16_texts, nvfp4_texts))
