@@ -98,6 +98,19 @@ def is_prefix_at(text: str, pos: int, marker: str) -> bool:
     return len(rest) < len(marker) and marker.startswith(rest)
 
 
+def next_call_start(text: str, index: int, start: str, end: str, final: bool) -> int | None:
+    """After a call that ended at `index`: its `end` marker must follow (space aside). Where the next `start`
+    marker begins (-1: none), or None when a final text stops right after the call (the call still counts)."""
+    index = skip_space(text, index)
+    if index >= len(text) and final:
+        return None
+    if is_prefix_at(text, index, end):
+        raise Incomplete
+    if not text.startswith(end, index):
+        raise Malformed(f"expected {end}")
+    return text.find(start, index + len(end))
+
+
 def object_arguments(pairs: list[str], closed: bool) -> str:
     """Arguments built from `"key": value` pairs: "{" + pairs joined by ", " (+ "}" once closed)."""
     return "{" + ", ".join(pairs) + ("}" if closed else "")

@@ -7,7 +7,7 @@ as in vLLM's parser of the same name.
 from __future__ import annotations
 
 from rapid_llm.frontend.tool_parsers.base import (
-    Incomplete, Malformed, ParseResult, ToolParser, content_before, is_prefix_at, plain, skip_space)
+    Incomplete, Malformed, ParseResult, ToolParser, content_before, next_call_start, plain, skip_space)
 from rapid_llm.frontend.tool_parsers.json_calls import read_call_object
 
 START, END = "<tool_call>", "</tool_call>"
@@ -30,14 +30,9 @@ class HermesToolParser(ToolParser):
                 result.calls.append(call)
                 if end is None:
                     raise Incomplete
-                index = skip_space(text, end)
-                if index >= len(text) and final:
-                    return result  # a model that stopped right after the object still made the call
-                if is_prefix_at(text, index, END):
-                    raise Incomplete
-                if not text.startswith(END, index):
-                    raise Malformed(f"expected {END}")
-                start = text.find(START, index + len(END))
+                start = next_call_start(text, end, START, END, final)
+                if start is None:
+                    return result
             return result
         except Malformed:
             return plain(text)

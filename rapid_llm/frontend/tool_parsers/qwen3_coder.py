@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from rapid_llm.frontend.tool_parsers.base import (
-    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, is_prefix_at, object_arguments,
-    plain, skip_space, tool_parameter_schemas)
+    Incomplete, Malformed, ParsedCall, ParseResult, ToolParser, content_before, is_prefix_at, next_call_start,
+    object_arguments, plain, skip_space, tool_parameter_schemas)
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -50,17 +50,9 @@ class Qwen3CoderToolParser(ToolParser):
         result = ParseResult(content)
         try:
             while start >= 0:
-                index = self._call(text, start + len(START), result)
-                index = skip_space(text, index)
-                if index >= len(text):
-                    if final:
-                        return result
-                    raise Incomplete
-                if is_prefix_at(text, index, END):
-                    raise Incomplete
-                if not text.startswith(END, index):
-                    raise Malformed
-                start = text.find(START, index + len(END))
+                start = next_call_start(text, self._call(text, start + len(START), result), START, END, final)
+                if start is None:
+                    return result
             return result
         except Malformed:
             return plain(text)
