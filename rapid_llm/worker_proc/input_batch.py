@@ -52,6 +52,7 @@ class InputBatch:
         self.request_ids: list[str | None] = [None] * rows
         self.prompts: list[Sequence[int]] = [()] * rows
         self.params: list[SamplingParams] = [SamplingParams()] * rows
+        self.has_logit_bias = np.zeros(rows, dtype=bool)  # so a step without any skips building a LogitBias
         self.wants_prompt_logprobs = np.zeros(rows, dtype=bool)
         self.sampling = SamplingRows(rows, vocab_size, device)
         self._pending_rows: list[int] = []
@@ -81,6 +82,7 @@ class InputBatch:
         self.request_ids[slot] = request_id
         self.prompts[slot] = prompt
         self.params[slot] = params
+        self.has_logit_bias[slot] = bool(params.logit_bias)
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
         self.sampling.add(slot, row, min_tokens_banned_ids(params, self.eos_token_ids), params)
 

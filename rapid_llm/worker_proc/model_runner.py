@@ -213,7 +213,8 @@ class ModelRunner:
         if not samples.size:
             return PendingOutput([], None, [], prompt_logprobs)
         sample_slots = slots[samples]
-        token_bitmask = structured.fill_bitmask(sample_slots.tolist(), self.device) if structured else None
+        token_bitmask = (structured.fill_bitmask(sample_slots.tolist(), self.device)
+                         if structured is not None and structured.active else None)
         last_token_index, slots_on_device, positions = to_device(
             [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
              torch.from_numpy(ends[samples])], self.device)
@@ -222,8 +223,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden_states if every_token else hidden_states[last_token_index])
         num_outputs = batch.num_tokens[sample_slots] - batch.num_prompt_tokens[sample_slots]
         sampling_batch = batch.sampling.batch(sample_slots, slots_on_device, num_outputs)
-        logit_bias = LogitBias.build([batch.params[slot] for slot in sample_slots.tolist()],
-                                     self.model_config.vocab_size, self.device)
+        logit_bias = (LogitBias.build([batch.params[slot] for slot in sample_slots.tolist()],
+                                      self.model_config.vocab_size, self.device)
+                      if batch.has_logit_bias[sample_slots].any() else None)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
         batch.record_sampled(sample_slots, slots_on_device, positions, sampled.token_ids)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]

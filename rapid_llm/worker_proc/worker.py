@@ -105,10 +105,11 @@ class Worker:
                 self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
             if chunk.new_block_ids:
                 self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
-        # Structured output: a sampling request whose grammar cannot be built fails alone, before the step.
-        failures += self._fail_slots(self.structured.wait_for_grammars(
-            [chunk.slot for chunk in chunks if self.runner.samples(chunk)]))
-        chunks = [chunk for chunk in chunks if chunk.slot not in self.failed_slots]
+        if self.structured.active:
+            # A sampling request whose grammar cannot be built fails alone, before the step.
+            failures += self._fail_slots(self.structured.wait_for_grammars(
+                [chunk.slot for chunk in chunks if self.runner.samples(chunk)]))
+            chunks = [chunk for chunk in chunks if chunk.slot not in self.failed_slots]
         output = self.runner.launch(chunks, self.structured) if chunks else None
         return PendingResult(plan.step_id, chunks, output, failures)
 
