@@ -81,11 +81,31 @@ class ScheduledChunk(_Part):
     cached_block_ids: list[int] = []
 
 
+class BlockCopy(_Part):
+    """Copy KV block `src` into block `dst` in every layer (beam search's copy-on-write of a partial block)."""
+
+    src: int
+    dst: int
+
+
+class LastToken(_Part):
+    """The last known token of the request in `slot` is `token_id`, not what the worker sampled (beam search
+    picks each beam's next token in the scheduler)."""
+
+    slot: int
+    token_id: int
+
+
 class StepPlan(_Message):
+    """Applied in this order: released slots, new requests, last tokens, block tables (new blocks zeroed),
+    block copies, then the forward."""
+
     step_id: int
-    released_slots: list[int] = []  # applied first: finished, aborted or preempted requests
+    released_slots: list[int] = []  # finished, aborted or preempted requests
     new_requests: list[NewRequest] = []
     scheduled: list[ScheduledChunk] = []
+    last_tokens: list[LastToken] = []
+    block_copies: list[BlockCopy] = []
 
 
 class Shutdown(_Message):
@@ -155,6 +175,18 @@ class DetokenizeRequest(_Part):
     include_stop_str_in_output: bool = False
 
 
+class BeamSequence(_Part):
+    """One returned beam of a beam-search request: its output tokens, score and end; `text` is filled in by the
+    detokenizer."""
+
+    token_ids: list[int]
+    cumulative_logprob: float
+    score: float  # cumulative_logprob / generated length ** length_penalty: what ranks the beams
+    finish_reason: str  # "stop" | "length"
+    stop_reason: int | None = None
+    text: str = ""
+
+
 class TokenUpdate(_Part):
     request_id: str
     token_ids: list[int]
@@ -171,6 +203,8 @@ class TokenUpdate(_Part):
     prefill_time: float | None = None
     error: str | None = None  # set (with finish_reason "abort") when the engine ended the request
     error_kind: ErrorKind | None = None
+    # A finished beam search: its n best beams, best first (token_ids then stays empty).
+    beams: list[BeamSequence] = []
 
 
 class TokenBatch(_Message):
@@ -194,6 +228,7 @@ class TextDelta(_Part):
     prefill_time: float | None = None
     error: str | None = None  # as TokenUpdate.error
     error_kind: ErrorKind | None = None
+    beams: list[BeamSequence] = []  # as TokenUpdate.beams, with their text
 
 
 class TextBatch(_Message):

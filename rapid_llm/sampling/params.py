@@ -14,6 +14,8 @@ MAX_LOGPROBS = 20
 MAX_N = 128  # OpenAI's limit on choices per request
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values is [-100, 100]
+# Beam search ranks each beam's top 2 * width candidates, which the worker returns as top logprobs.
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 
 
 class SamplingParamsError(ValueError):
@@ -75,14 +77,30 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
+    # Beam search (docs/beam_search.md): `beam_width` beams (None: n), the n best returned as the request's
+    # choices; HF's length_penalty and early_stopping (True, False or "never").
+    use_beam_search: bool = False
+    beam_width: int | None = None
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def num_beams(self) -> int:
+        """How many beams a beam-search request keeps (0 when it is not one)."""
+        if not self.use_beam_search:
+            return 0
+        return self.n if self.beam_width is None else self.beam_width
+
     def per_choice(self) -> list["SamplingParams"]:
         """The `n` single-choice params a request fans out to, one engine request each; choice i
-        gets seed + i, so seeded choices differ from each other yet are reproducible."""
+        gets seed + i, so seeded choices differ from each other yet are reproducible. A beam search is
+        one engine request whatever n: its beams are its choices."""
+        if self.use_beam_search:
+            return [self]
         return [
             msgspec.structs.replace(self, n=1, seed=None if self.seed is None else self.seed + i)
             for i in range(self.n)
@@ -122,8 +140,35 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamsError(
                 "structured_outputs", "structured_outputs must set exactly one of json, json_object, regex, "
                 f"choice, grammar; got {self.structured_outputs.kinds() or 'none'}")
+        if self.use_beam_search:
+            self._validate_beam_search()
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
         return self
+
+    def _validate_beam_search(self) -> None:
+        """Beam search ranks raw log-softmax scores (HF's do_sample=False): nothing may change the distribution."""
+        width = self.num_beams
+        if not 1 <= width <= MAX_BEAM_WIDTH:
+            field = "n" if self.beam_width is None else "beam_width"
+            raise SamplingParamsError(field, f"{field} (the beam width) must be in [1, {MAX_BEAM_WIDTH}] with "
+                                      f"beam search, got {width}")
+        if self.n > width:
+            raise SamplingParamsError("n", f"n ({self.n}) must not exceed the beam width ({width})")
+        if self.early_stopping not in (True, False, "never"):
+            raise SamplingParamsError("early_stopping", "early_stopping must be true, false or \"never\", got "
+                                      f"{self.early_stopping!r}")
+        neutral = {"temperature": 0.0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                   "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_tokens": 0}
+        for field, value in neutral.items():
+            if getattr(self, field) != value:
+                raise SamplingParamsError(field, f"{field} must be {value:g} with beam search (it ranks the model's "
+                                          f"raw log-probabilities), got {getattr(self, field)!r}")
+        unsupported = {"top_k": self.top_k not in (-1, 0, 1), "stop": bool(self.stop), "logprobs": self.logprobs is not None,
+                       "prompt_logprobs": self.prompt_logprobs is not None,
+                       "structured_outputs": self.structured_outputs is not None, "logit_bias": bool(self.logit_bias)}
+        for field, used in unsupported.items():
+            if used:
+                raise SamplingParamsError(field, f"{field} is not supported with beam search")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import ErrorKind, GenerateRequest
 from rapid_llm.sampling.context_length import ContextLengthError, check_prompt_length
-from rapid_llm.sampling.params import SamplingParamsError
+from rapid_llm.sampling.params import MAX_LOGPROBS, SamplingParamsError
+from rapid_llm.scheduler_proc.beam_search import num_candidates
 
 
 class DuplicateRequestId(ValueError):
@@ -43,7 +44,25 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
                           ("stop_token_ids", request.params.stop_token_ids)):
             if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
                 raise RequestRejected(f"request {request_id}: {name} must be in [0, {vocab_size})")
+    if request.params.use_beam_search:
+        check_beam_search(request, config)
     limit = config.max_waiting_requests
     if limit is not None and num_waiting >= limit:
         raise RequestRejected(f"request {request_id}: the waiting queue is full ({limit} requests); "
                               "retry later", kind="queue_full")
+
+
+def check_beam_search(request: GenerateRequest, config: SchedulerConfig) -> None:
+    """A beam group holds a slot per beam and decodes them all in one step, and each beam's candidates
+    (HF's max(2, 1 + #stop ids) x width) must fit in the top logprobs a step returns."""
+    width = request.params.num_beams
+    candidates = num_candidates(request.params, config.eos_token_ids)
+    limits = (("max_num_seqs", config.max_num_seqs), ("max_num_batched_tokens", config.max_num_batched_tokens))
+    for name, limit in limits:
+        if width > limit:
+            raise RequestRejected(f"request {request.request_id}: the beam width {width} exceeds {name} ({limit})")
+    if candidates > MAX_LOGPROBS:
+        raise RequestRejected(
+            f"request {request.request_id}: beam search ranks {candidates} candidates per beam (max(2, 1 + the "
+            f"stop token ids) x {width} beams), more than the {MAX_LOGPROBS} top logprobs a step returns; lower "
+            "the beam width (n / best_of) or the stop_token_ids")

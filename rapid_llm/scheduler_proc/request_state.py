@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 import time
 
-from rapid_llm.ipc.messages import ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.ipc.messages import BeamSequence, ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
 
 
@@ -61,6 +62,9 @@ class RequestState:
         self.arrived_at = time.monotonic()
         self.first_scheduled_at: float | None = None  # first admission; resumptions keep it
         self.first_token_at: float | None = None
+        # A beam search's live beams (the scheduler sets it), and its n best beams once it has finished.
+        self.beam: BeamGroup | None = None
+        self.beam_outputs: list[BeamSequence] = []
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -179,6 +183,7 @@ class RequestState:
             prefill_time=prefill_time,
             error=self.error,
             error_kind=self.error_kind,
+            beams=self.beam_outputs,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []

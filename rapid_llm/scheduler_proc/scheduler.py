@@ -4,28 +4,36 @@ Pure bookkeeping: no sockets, no tensors. A plan may be made before the previous
 known (async scheduling), so every plan records which request, in which preemption epoch, held each
 sampling slot; results are mapped through that record and land on the right request or are dropped.
 With prefix caching, a request is admitted with the longest run of cached full blocks that matches
-its tokens and computes only the rest.
+its tokens and computes only the rest. A beam-search request (`beam_group.py`) is one entry of the
+running list whose W beams share blocks; its next step depends on its result, so it is never planned
+while one of its steps is in flight (other requests keep overlapping).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (
+    BeamSequence,
+    BlockCopy,
     DetokenizeRequest,
     GenerateRequest,
+    LastToken,
     NewRequest,
     ScheduledChunk,
     SchedulerStats,
     StepPlan,
     StepResult,
     TokenBatch,
+    TokenLogprobs,
 )
 from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
+from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 
@@ -44,6 +52,8 @@ class _PlanDraft:
     new_requests: list[NewRequest] = field(default_factory=list)
     chunks: list[ScheduledChunk] = field(default_factory=list)
     samplers: dict[int, tuple[RequestState, int]] = field(default_factory=dict)
+    last_tokens: list[LastToken] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
 
 
 class Scheduler:
@@ -83,6 +93,9 @@ class Scheduler:
             raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
         check_admissible(request, self.config, len(self._waiting))
         state = RequestState(request, self.config.max_model_len, self.config.block_size)
+        if request.params.use_beam_search:
+            max_new_tokens = min(state.max_tokens, self.config.max_model_len - state.num_prompt_tokens)
+            state.beam = BeamGroup(request.params, max_new_tokens, self.config.eos_token_ids)
         self._requests[request.request_id] = state
         self._waiting.append(state)
         self._detokenize_requests.append(
@@ -116,6 +129,8 @@ class Scheduler:
             released_slots=self._released_slots,
             new_requests=draft.new_requests,
             scheduled=draft.chunks,
+            last_tokens=draft.last_tokens,
+            block_copies=draft.block_copies,
         )
         self._released_slots = []
         self._inflight.append(_StepRecord(self._next_step_id, draft.samplers))
@@ -128,11 +143,19 @@ class Scheduler:
         index = 0
         while index < len(self._running) and draft.budget > 0:
             request = self._running[index]
-            num_new = self._num_new_tokens(request, request.num_computed_tokens, draft.budget)
-            if num_new == 0:
-                index += 1
-                continue
-            num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
+            group = request.beam
+            if group is not None and (group.in_flight or group.started):
+                # A beam group's next step needs its previous result; each beam decodes one token.
+                if group.in_flight or draft.budget < len(group.beams):
+                    index += 1
+                    continue
+                num_new, num_blocks = len(group.beams), group.num_blocks_needed(self.config.block_size)
+            else:
+                num_new = self._num_new_tokens(request, request.num_computed_tokens, draft.budget)
+                if num_new == 0:
+                    index += 1
+                    continue
+                num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
             while not self._blocks.can_allocate(num_blocks):
                 # The newest running request is always at or after `index`: not yet scheduled here.
                 victim = self._running[-1]
@@ -140,13 +163,20 @@ class Scheduler:
                 preempted = True
                 if victim is request:
                     return True
-            self._add_chunk(draft, request, num_new)
+            if group is not None and group.started:
+                self._add_beam_step(draft, request, group)
+            else:
+                self._add_chunk(draft, request, num_new)
             index += 1
         return preempted
 
     def _schedule_waiting(self, draft: _PlanDraft) -> None:
         while self._waiting and draft.budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
+            # A beam group reserves a slot per beam when it is admitted.
+            num_slots = 1 if request.beam is None else request.beam.width
+            if len(self._free_slots) < num_slots:
+                return
             hits = self._prefix_hits(request)
             num_computed = len(hits) * self.config.block_size
             num_new = self._num_new_tokens(request, num_computed, draft.budget)
@@ -160,6 +190,8 @@ class Scheduler:
             request.mark_scheduled()
             request.status = RequestStatus.RUNNING
             request.slot = heapq.heappop(self._free_slots)
+            if request.beam is not None:
+                request.beam.slots = [request.slot] + [heapq.heappop(self._free_slots) for _ in range(num_slots - 1)]
             self._running.append(request)
             draft.new_requests.append(
                 NewRequest(
@@ -167,7 +199,7 @@ class Scheduler:
                     slot=request.slot,
                     token_ids=request.known_token_ids(),
                     num_prompt_tokens=request.num_prompt_tokens,
-                    params=request.params,
+                    params=request.params if request.beam is None else request.beam.worker_params,
                 )
             )
             self._add_chunk(draft, request, num_new, cached_block_ids=hits)
@@ -200,6 +232,18 @@ class Scheduler:
             # The worker samples here; the next plan may already decode that token from its pool.
             request.num_placeholders += 1
             draft.samplers[request.slot] = (request, request.epoch)
+            if request.beam is not None:
+                request.beam.in_flight = True
+
+    def _add_beam_step(self, draft: _PlanDraft, request: RequestState, group: BeamGroup) -> None:
+        step = group.plan_step(request.request_id, request.prompt_token_ids, self._blocks, self.config.block_size)
+        draft.new_requests.extend(step.new_requests)
+        draft.chunks.extend(step.chunks)
+        draft.last_tokens.extend(step.last_tokens)
+        draft.block_copies.extend(step.block_copies)
+        draft.budget -= len(step.chunks)
+        for chunk in step.chunks:
+            draft.samplers[chunk.slot] = (request, request.epoch)
 
     # ---- prefix cache ------------------------------------------------------------------------
 
@@ -264,6 +308,9 @@ class Scheduler:
         self._running.remove(request)
         self._release_resources(request)
         request.reset_for_recompute()
+        if request.beam is not None:
+            # Nothing of a beam search was sent yet: it restarts from its prompt (usually cached blocks).
+            request.beam.reset()
         self._waiting.appendleft(request)
 
     # ---- results in, outputs out -------------------------------------------------------------
@@ -277,17 +324,21 @@ class Scheduler:
             request = self._requests.get(failure.request_id)
             # A failure reported again for a slot already released, or a request preempted since
             # (it fails again, and is reported again, if it comes back) ends nothing.
-            if request is not None and request.slot == failure.slot:
+            if request is not None and failure.slot in self._slots_of(request):
                 self._fail(request, failure.error)
         # Before the tokens: the chunk that ends a prompt also samples its first token, which carries them out.
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)
             if request is not None and not request.is_finished:
                 request.add_prompt_logprobs(chunk.start, chunk.entries)
+        beam_rounds: dict[RequestState, dict[int, TokenLogprobs | None]] = {}
         for index, (slot, token_id) in enumerate(zip(result.slots, result.token_ids)):
             request, epoch = record.samplers[slot]
             # Finished, aborted or preempted since this step was planned: the token is stale.
             if request.is_finished or request.epoch != epoch:
+                continue
+            if request.beam is not None:
+                beam_rounds.setdefault(request, {})[slot] = result.logprobs[index] if result.logprobs else None
                 continue
             request.add_sampled_token(token_id, result.logprobs[index] if result.logprobs else None)
             self._register_full_blocks(request)
@@ -295,6 +346,36 @@ class Scheduler:
             finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
             if finish is not None:
                 self._finish(request, *finish)
+        for request, by_slot in beam_rounds.items():
+            self._advance_beams(request, by_slot)
+
+    def _advance_beams(self, request: RequestState, by_slot: dict[int, TokenLogprobs | None]) -> None:
+        """One round of a beam group's results: rank, fork the next beams, or finish with the best."""
+        group = request.beam
+        if group is None:
+            raise RuntimeError(f"request {request.request_id} is not a beam search")
+        if not group.started:
+            # The prompt's last chunk sampled: its slot and blocks become the root beam.
+            request.num_placeholders = 0
+            if request.first_token_at is None:
+                request.first_token_at = time.monotonic()
+            group.start(request.slot, request.block_ids, request.num_computed_tokens)
+            request.slot, request.block_ids = None, []
+        group.in_flight = False
+        candidates = []
+        for beam in group.beams:
+            logprobs = by_slot.get(beam.slot)
+            if logprobs is None:
+                raise ValueError(f"request {request.request_id}: beam in slot {beam.slot} got no top logprobs")
+            candidates.append(list(zip(logprobs.top_token_ids, logprobs.top_logprobs)))
+        self._released_slots.extend(group.advance(candidates, self._blocks, self.config.block_size))
+        if group.search.done:
+            request.beam_outputs = [
+                BeamSequence(h.token_ids, float(h.cumulative_logprob), float(h.score), h.finish_reason, h.stop_reason)
+                for h in group.search.best()]
+            # Never empty: every way a search ends has kept at least one hypothesis (beam_search.py).
+            best = request.beam_outputs[0]
+            self._finish(request, best.finish_reason, best.stop_reason)
 
     def _pop_record(self, result: StepResult) -> _StepRecord:
         if not self._inflight:
@@ -329,15 +410,15 @@ class Scheduler:
         hits), and the KV they wrote from them is wrong too; all of them are recomputed, and every
         block involved leaves the prefix cache. This may recompute more than needed; failures are rare.
         """
-        suspect = set(request.block_ids)
+        suspect = set(self._blocks_of(request))
         request.error, request.error_kind = error, "internal"
         self._finish(request, "abort", None)
-        readers = [other for other in self._running if suspect.intersection(other.block_ids)]
+        readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
         while readers:
             for reader in readers:
-                suspect.update(reader.block_ids)
+                suspect.update(self._blocks_of(reader))
                 self._requeue(reader)
-            readers = [other for other in self._running if suspect.intersection(other.block_ids)]
+            readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
         self._blocks.uncache(suspect)
 
     def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
@@ -359,10 +440,25 @@ class Scheduler:
         """
         self._blocks.free(reversed(request.block_ids))
         request.block_ids = []
-        if request.slot is not None:
-            heapq.heappush(self._free_slots, request.slot)
-            self._released_slots.append(request.slot)
-            request.slot = None
+        for slot in self._slots_of(request):
+            heapq.heappush(self._free_slots, slot)
+            self._released_slots.append(slot)
+        request.slot = None
+        if request.beam is not None:
+            request.beam.release(self._blocks)
+            request.beam.slots = []
+
+    @staticmethod
+    def _slots_of(request: RequestState) -> list[int]:
+        if request.beam is not None:
+            return list(request.beam.slots)
+        return [] if request.slot is None else [request.slot]
+
+    @staticmethod
+    def _blocks_of(request: RequestState) -> list[int]:
+        if request.beam is not None and request.beam.started:
+            return list(request.beam.block_ids())
+        return request.block_ids
 
     # ---- introspection -----------------------------------------------------------------------
 

@@ -94,6 +94,16 @@ class InputBatch:
         self.request_ids[slot] = None
         self.token_pool[slot, : len(token_ids)] = to_device([torch.tensor(token_ids, dtype=torch.int32)], self.device)[0]
 
+    def set_last_tokens(self, slots: Sequence[int], token_ids: Sequence[int]) -> None:
+        """Overwrite each slot's last known token (beam search chooses it, not the sampler), in one device op."""
+        if not slots:
+            return
+        positions = [int(self.num_tokens[slot]) - 1 for slot in slots]
+        rows, columns, values = to_device(
+            [torch.tensor(slots, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
+             torch.tensor(token_ids, dtype=torch.int32)], self.device)
+        self.token_pool[rows, columns] = values
+
     def release(self, slots: Sequence[int]) -> None:
         for slot in slots:
             self.request_ids[slot] = None

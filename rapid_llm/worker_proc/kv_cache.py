@@ -32,7 +32,7 @@ from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
 from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec, bytes_per_block, num_blocks_for_budget
-from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
+from rapid_llm.ops.attention.kv_quant import backend_reads_kv, is_fp8_kv, kv_format
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,17 @@ class KVCache:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
         for layer, spec in zip(self.layers, self.specs):
             spec.zero_blocks(layer.kv_cache, index)
+
+    def copy_blocks(self, src_ids: list[int], dst_ids: list[int]) -> None:
+        """Copy blocks src_ids[i] -> dst_ids[i] in every layer, scales and all (beam search's copy-on-write).
+
+        The sources are read before any destination is written, so a block may be both."""
+        src = torch.tensor(src_ids, dtype=torch.int64, device=self.device)
+        dst = torch.tensor(dst_ids, dtype=torch.int64, device=self.device)
+        for layer, spec in zip(self.layers, self.specs):
+            # CPU torch has no float8 index_copy_: move the bytes.
+            cache = layer.kv_cache.view(torch.uint8) if is_fp8_kv(layer.kv_cache.dtype) else layer.kv_cache
+            cache.index_copy_(spec.block_dim, dst, cache.index_select(spec.block_dim, src))
 
 
 def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], dtype: torch.dtype,

@@ -1,7 +1,8 @@
 """Worker: applies the scheduler's per-step deltas to the runner's input batch and launches the step.
 
 The scheduler sends only what changed (released slots, new or resumed requests, tokens to
-compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed). The runner's
+compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed; for beam search the
+tokens it chose and the blocks to copy). The runner's
 persistent input batch keeps each slot's tokens, block table and sampling row, so a step message stays
 small however long the requests are, and nothing is rebuilt from lists. A request whose state cannot be
 prepared when it is added fails alone: its slot is skipped (and reported in `StepResult.failures`) until
@@ -96,6 +97,9 @@ class Worker:
         # A plan made before the scheduler learnt of a failure may still schedule the failed slot.
         failures = [self.failed_slots[chunk.slot] for chunk in plan.scheduled if chunk.slot in self.failed_slots]
         chunks = [chunk for chunk in plan.scheduled if chunk.slot not in self.failed_slots]
+        if plan.last_tokens:
+            self.runner.input_batch.set_last_tokens([last.slot for last in plan.last_tokens],
+                                                    [last.token_id for last in plan.last_tokens])
         # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
         self.runner.clear_blocks([block for chunk in chunks for block in chunk.new_block_ids])
         for chunk in chunks:
@@ -105,6 +109,10 @@ class Worker:
                 self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
             if chunk.new_block_ids:
                 self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
+        if plan.block_copies:
+            # Copy-on-write targets are not zeroed (they ride in cached_block_ids): the copy fills them whole.
+            self.runner.kv_cache.copy_blocks([copy.src for copy in plan.block_copies],
+                                             [copy.dst for copy in plan.block_copies])
         if self.structured.active:
             # A sampling request whose grammar cannot be built fails alone, before the step.
             failures += self._fail_slots(self.structured.wait_for_grammars(

@@ -20,7 +20,7 @@ def roundtrip(message: StepPlan | StepResult) -> StepPlan | StepResult:
 
 
 class Engine:
-    """Collects every request's outcome (token ids, finish reason, error)."""
+    """Collects every request's outcome (token ids, finish reason, error, a beam search's beams)."""
 
     def __init__(self, runner: ModelRunner, max_num_batched_tokens: int = 64, max_num_seqs: int = 8) -> None:
         model = runner.model_config
@@ -56,4 +56,5 @@ class Engine:
             outcome = self.outcomes.setdefault(update.request_id, {"token_ids": []})
             outcome["token_ids"] += update.token_ids
             if update.finish_reason is not None:
-                outcome.update(finish_reason=update.finish_reason, error=update.error, kind=update.error_kind)
+                outcome.update(finish_reason=update.finish_reason, error=update.error, kind=update.error_kind,
+                               beams=update.beams)
