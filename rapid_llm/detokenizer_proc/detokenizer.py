@@ -4,6 +4,7 @@ Tokens are detokenized and checked for stop strings one at a time, so that a sto
 in the middle of a multi-token update ends the request at exactly the token that completed it; the
 text ends right before the stop string, or right after it with `include_stop_str_in_output`.
 The tokenizer is the raw `tokenizers.Tokenizer` (no transformers import), which keeps start-up fast.
+A finished beam search arrives as one update carrying its beams; each is detokenized whole.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import msgspec
 from tokenizers import Tokenizer
 
 from rapid_llm.detokenizer_proc.incremental import IncrementalDetokenizer, StopStringMatcher
@@ -36,9 +38,10 @@ def load_tokenizer(tokenizer_dir: str) -> Tokenizer:
 
 
 class _RequestState:
-    __slots__ = ("stream", "stops", "min_tokens", "include_stop", "num_output_tokens")
+    __slots__ = ("request", "stream", "stops", "min_tokens", "include_stop", "num_output_tokens")
 
     def __init__(self, tokenizer: Tokenizer, request: DetokenizeRequest) -> None:
+        self.request = request
         self.stream = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, request.skip_special_tokens)
         self.stops = StopStringMatcher(request.stop)
         self.min_tokens = request.min_tokens
@@ -78,6 +81,13 @@ class Detokenizer:
             # Never registered (e.g. aborted before its first tokens): the frontend still needs the end.
             return _delta(update, "", len(update.token_ids), update.finish_reason, update.stop_reason)
 
+        if update.beams:
+            # A finished beam search: each beam is a whole text of its own (beam search takes no stop strings).
+            del self._requests[request_id]
+            beams = [msgspec.structs.replace(beam, text=self._beam_text(state.request, beam.token_ids))
+                     for beam in update.beams]
+            return msgspec.structs.replace(_delta(update, "", 0, update.finish_reason, update.stop_reason),
+                                           beams=beams)
         finishing = update.finish_reason is not None
         pieces: list[str] = []
         for num_tokens, text in _new_texts(state.stream, update.token_ids, finishing):
@@ -99,6 +109,10 @@ class Detokenizer:
             pieces.append(state.stops.flush())
             del self._requests[request_id]
         return _delta(update, "".join(pieces), len(update.token_ids), update.finish_reason, update.stop_reason)
+
+    def _beam_text(self, request: DetokenizeRequest, token_ids: list[int]) -> str:
+        stream = IncrementalDetokenizer(self._tokenizer, request.prompt_token_ids, request.skip_special_tokens)
+        return "".join(text for _, text in _new_texts(stream, token_ids, finishing=True))
 
     def _remember_stopped(self, request_id: str) -> None:
         self._stopped[request_id] = None

@@ -6,7 +6,8 @@ the detokenizer. As in vLLM, `generate` without sampling params uses `get_defaul
 SamplingParams are used as given. `shutdown()` (or leaving a `with` block, or interpreter exit) stops every child.
 A choice the engine ends with an error (refused, or failed in the worker) does not raise: it ends
 with finish_reason "abort" and `CompletionOutput.error` saying why, and the other choices keep
-their results.
+their results. Beam search: `SamplingParams(use_beam_search=True, ...)` or `beam_search(...)`; its n best
+beams are the prompt's outputs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _instance_ids = itertools.count()
 @dataclass
 class CompletionOutput(ChoiceOutput):
     index: int = 0  # the choice's place among its prompt's n
+    cumulative_logprob: float | None = None  # set for beam search's beams
 
 
 @dataclass
@@ -118,12 +120,24 @@ class LLM:
             for request in requests:
                 self._requests.send(request)
             self._collect(choices, unfinished)
+            for result in results:
+                _expand_beams(result)
         except BaseException:
             # Interrupted (Ctrl-C) or failed: stop what is still running so the next call starts clean.
             for request_id in unfinished:
                 self._requests.send(AbortRequest(request_id))
             raise
         return results
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], beam_width: int, max_tokens: int, n: int = 1,
+                    length_penalty: float = 1.0, early_stopping: bool | str = False,
+                    ignore_eos: bool = False) -> list[RequestOutput]:
+        """vLLM's `LLM.beam_search` in brief: `generate` with use_beam_search; the n best beams per prompt, best
+        first, each with its cumulative_logprob."""
+        params = SamplingParams(n=n, beam_width=beam_width, use_beam_search=True, temperature=0.0,
+                                max_tokens=max_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
+                                ignore_eos=ignore_eos)
+        return self.generate(prompts, params)
 
     def _collect(self, choices: dict[str, CompletionOutput], unfinished: set[str]) -> None:
         """Gather deltas until every request in `unfinished` (emptied as they finish) is done."""
@@ -152,3 +166,15 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _expand_beams(result: RequestOutput) -> None:
+    """A finished beam search's one output becomes its beams, one CompletionOutput each."""
+    if len(result.outputs) != 1 or not result.outputs[0].beams:
+        return
+    search = result.outputs[0]
+    result.outputs = []
+    for index, beam in enumerate(search.beams):
+        output = CompletionOutput.from_beam(beam, search.num_cached_tokens)
+        output.index, output.cumulative_logprob = index, beam.cumulative_logprob
+        result.outputs.append(output)

@@ -36,7 +36,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
 
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
     null_means: ClassVar[dict[str, Any]] = {"n": 1, "stream": False, "ignore_eos": False,
-                                            "skip_special_tokens": True}
+                                            "skip_special_tokens": True, "use_beam_search": False,
+                                            "length_penalty": 1.0, "early_stopping": False}
     model: str | None = None
     n: int | None = 1
     temperature: float | None = None
@@ -67,6 +68,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's beam search fields (docs/beam_search.md): beam width best_of, else n; the n best beams returned.
+    use_beam_search: bool | None = False
+    length_penalty: float | None = 1.0
+    early_stopping: bool | Literal["never"] | None = False
 
     def __post_init__(self) -> None:
         for name, default in self.null_means.items():
@@ -79,11 +84,14 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
         if self.ranks_choices and self.stream:
             raise bad_request("best_of greater than n cannot be streamed: the best choices are known only at "
                               "the end", param="best_of")
+        if self.use_beam_search and self.stream:
+            raise bad_request("beam search cannot be streamed: its beams are known only at the end", param="stream")
 
     @property
     def ranks_choices(self) -> bool:
-        """best_of > n: generate best_of choices, answer with the n of highest cumulative logprob (vLLM)."""
-        return self.best_of is not None and self.best_of > self.n
+        """best_of > n without beam search: generate best_of choices, answer with the n of highest cumulative
+        logprob (vLLM)."""
+        return self.best_of is not None and self.best_of > self.n and not self.use_beam_search
 
     def structured_outputs_params(self) -> tuple[StructuredOutputsParams | None, str | None]:
         """The output constraint (response_format, structured_outputs or guided_*) and its field's name."""
@@ -127,6 +135,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             "min_tokens": self.min_tokens,
             "stop_token_ids": self.stop_token_ids,
         }
+        if self.use_beam_search:
+            # Beam search ranks the raw distribution: --generation-config sampling defaults do not apply.
+            defaults = {"temperature": 0.0}
+            renames = {**renames, "beam_width": "best_of"}
         resolved = {name: defaults.get(name) if value is None else value
                     for name, value in optional.items()}
         if self.ranks_choices:
@@ -144,6 +156,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             skip_special_tokens=self.skip_special_tokens,
             structured_outputs=self.structured_outputs_params()[0],
             logit_bias=self.logit_bias_params(),
+            use_beam_search=self.use_beam_search,
+            beam_width=self.best_of if self.use_beam_search else None,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
             **{name: value for name, value in resolved.items() if value is not None},
         )
         try:
@@ -175,6 +191,9 @@ class CompletionRequest(GenerationRequest, kw_only=True):
         return max(echoed, self.prompt_logprobs)
 
     def sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
+        if self.use_beam_search and self.echo_only:
+            raise bad_request("echo with max_tokens 0 generates nothing to search; use beam search with "
+                              "max_tokens of at least 1", param="max_tokens")
         return self._sampling_params(max_tokens, self.logprobs, {}, defaults, self.num_prompt_logprobs)
 
 

@@ -3,7 +3,8 @@
 Key design choice: a route only turns its body into prompt token ids and SamplingParams and
 supplies a `ResponseFormat` (how one choice looks in its response and chunk objects); everything
 else -- the context-length check, fanning `n` choices out to `n` engine requests, merging their
-deltas, usage, SSE framing, disconnect handling and metrics -- happens here once for both.
+deltas, usage, SSE framing, disconnect handling and metrics -- happens here once for both. A beam search is
+one engine request per prompt whose final delta carries its n best beams, expanded into choices here.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
 from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
 from rapid_llm.frontend.structured_request import check_structured_outputs
-from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.ipc.choice_output import ChoiceOutput, expand_beams
 from rapid_llm.ipc.messages import TextDelta
 from rapid_llm.sampling import ContextLengthError, SamplingParams, fit_max_tokens
 
@@ -241,9 +242,11 @@ class Serving:
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
             return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs], n)
+        # A beam search is one engine request per prompt: its n best beams become that prompt's choices.
+        outputs = expand_beams(outputs)
         # Every generated token counts, also those of choices best_of leaves out (as OpenAI bills them).
         completion_tokens = sum(len(out.token_ids) for out in outputs)
-        cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs], n)
         if body.ranks_choices:
             outputs = best_choices(outputs, n, body.n)
         return json_response(

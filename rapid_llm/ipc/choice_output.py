@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rapid_llm.ipc.messages import TextDelta, TokenLogprobs
+from rapid_llm.ipc.messages import BeamSequence, TextDelta, TokenLogprobs
 
 
 @dataclass
@@ -23,6 +23,13 @@ class ChoiceOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why the engine aborted the request (finish_reason "abort"), if it did
+    beams: list[BeamSequence] = field(default_factory=list)  # a finished beam search's n best, best first
+
+    @classmethod
+    def from_beam(cls, beam: BeamSequence, num_cached_tokens: int) -> "ChoiceOutput":
+        """One returned beam of a beam search as a choice."""
+        return cls([beam.text], beam.token_ids, [None] * len(beam.token_ids), finish_reason=beam.finish_reason,
+                   stop_reason=beam.stop_reason, num_cached_tokens=num_cached_tokens)
 
     @property
     def text(self) -> str:
@@ -40,5 +47,18 @@ class ChoiceOutput:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason
             self.error = delta.error
+            self.beams = delta.beams
         # Engines may report the count on any delta; the largest is the final one.
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+
+
+def expand_beams(outputs: list[ChoiceOutput]) -> list[ChoiceOutput]:
+    """Each finished beam search's beams as choices of their own, in place of its one output (other outputs,
+    and an aborted search, stay as they are)."""
+    expanded = []
+    for output in outputs:
+        if not output.beams:
+            expanded.append(output)
+            continue
+        expanded.extend(ChoiceOutput.from_beam(beam, output.num_cached_tokens) for beam in output.beams)
+    return expanded
