@@ -100,3 +100,22 @@ def test_beam_group_beside_greedy_requests(runner, hf, stop_tokens):
     expected = _hf_beams(hf, prompts[1], stop_tokens[1], 1.0, False, 2)
     assert [beam.token_ids for beam in outcomes["beam"]["beams"]] == [tokens for tokens, _ in expected]
     assert engine.scheduler.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("depth", [2, 1], ids=["async", "lock-step"])
+def test_beams_survive_preemption(checkpoint, hf, stop_tokens, depth):
+    """12 blocks of 4 tokens cannot hold a beam group and a greedy request at once: the newer is preempted
+    (a group restarts from its prompt), and both still end with transformers' tokens."""
+    config = ModelConfig.from_pretrained(str(checkpoint), max_model_len=48)
+    small = ModelRunner(config, CacheConfig(block_size=4, num_blocks=12), DeviceConfig("cpu"), max_num_seqs=10)
+    prompts = _prompts()
+    engine = Engine(small, max_num_batched_tokens=16, max_num_seqs=10)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3 * MAX_TOKENS, ignore_eos=True)
+    requests = [GenerateRequest("g", prompts[0], greedy),
+                GenerateRequest("beam", prompts[1], _params(stop_tokens[1], 1.0, False, WIDTH))]
+    outcomes = engine.serve(requests, depth=depth)
+    assert engine.scheduler.stats().num_preemptions >= 1
+    assert outcomes["g"]["token_ids"] == hf_greedy(hf, prompts[:1], 3 * MAX_TOKENS)[0]
+    expected = _hf_beams(hf, prompts[1], stop_tokens[1], 1.0, False, WIDTH)
+    assert [beam.token_ids for beam in outcomes["beam"]["beams"]] == [tokens for tokens, _ in expected]
+    assert engine.scheduler.stats().kv_blocks_used == 0
