@@ -8,6 +8,8 @@ and the msgpack messages hold), so no request can overflow anything downstream.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 MAX_LOGPROBS = 20
@@ -157,6 +159,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                                       f"beam search, got {width}")
         if self.n > width:
             raise SamplingParamsError("n", f"n ({self.n}) must not exceed the beam width ({width})")
+        if not math.isfinite(self.length_penalty):
+            raise SamplingParamsError("length_penalty", f"length_penalty must be finite, got {self.length_penalty!r}")
         if self.early_stopping not in (True, False, "never"):
             raise SamplingParamsError("early_stopping", "early_stopping must be true, false or \"never\", got "
                                       f"{self.early_stopping!r}")

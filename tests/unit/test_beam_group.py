@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
-from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult, TokenLogprobs
+from rapid_llm.ipc.messages import GenerateRequest, SlotFailure, StepPlan, StepResult, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.admission import RequestRejected
 from rapid_llm.scheduler_proc.beam_search import BeamSearch
@@ -194,3 +194,17 @@ def test_early_stopping_false_stops_when_no_live_beam_can_win() -> None:
                 [[(EOS, -0.1), (4, -0.2), (5, -0.3), (6, -0.4)], [(2, -3.0), (3, -3.1), (4, -3.2), (5, -3.3)]])
     # Hypotheses -0.1 and -0.15 fill the width; the best live beam scores (-0.4) / 2 = -0.2 < -0.15.
     assert search.done and search.best()[0].token_ids == [EOS]
+
+
+def test_a_failed_beam_slot_ends_the_group_and_frees_everything() -> None:
+    scheduler = _scheduler()
+    scheduler.add_request(_request())
+    step = _run_to_fork(scheduler)
+    group = _group(scheduler)
+    failed, *others = [beam.slot for beam in group.beams]
+    result = _answer(step, {slot: _spread(200, -0.1) for slot in others})
+    result.failures.append(SlotFailure(failed, "beam", "boom"))
+    scheduler.process_result(result)
+    (update,) = scheduler.take_outputs().updates
+    assert update.finish_reason == "abort" and update.error_kind == "internal" and update.beams == []
+    assert scheduler.stats().kv_blocks_used == 0 and len(scheduler._free_slots) == 8

@@ -1,4 +1,5 @@
-"""SamplingParams.validate(): every integer field stays representable where the worker uses it (int64)."""
+"""SamplingParams.validate(): every integer field stays representable where the worker uses it (int64); beam search
+refuses what would change the distribution it ranks."""
 
 from __future__ import annotations
 
@@ -57,3 +58,29 @@ def test_a_seed_whose_last_choice_would_overflow_is_refused() -> None:
     with pytest.raises(SamplingParamsError) as error:
         SamplingParams(n=2, seed=INT64_MAX).validate()
     assert error.value.param == "seed"
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"n": 11}, "n"),
+    ({"beam_width": 2, "n": 3}, "n"),
+    ({"beam_width": 0}, "beam_width"),
+    ({"temperature": 0.5}, "temperature"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"top_k": 5}, "top_k"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"stop": ["x"]}, "stop"),
+    ({"early_stopping": "always"}, "early_stopping"),
+    ({"length_penalty": float("inf")}, "length_penalty"),
+])
+def test_beam_search_refuses_what_would_change_its_ranking(fields, param) -> None:
+    params = SamplingParams(use_beam_search=True, **{"temperature": 0.0, **fields})
+    with pytest.raises(SamplingParamsError) as error:
+        params.validate()
+    assert error.value.param == param
+
+
+def test_beam_search_is_one_engine_request_of_width_best_of_or_n() -> None:
+    params = SamplingParams(use_beam_search=True, temperature=0.0, n=3, early_stopping="never").validate()
+    assert params.num_beams == 3 and params.per_choice() == [params]
+    assert SamplingParams(use_beam_search=True, temperature=0.0, n=2, beam_width=5).validate().num_beams == 5
+    assert SamplingParams(n=2).num_beams == 0 and len(SamplingParams(n=2).per_choice()) == 2
