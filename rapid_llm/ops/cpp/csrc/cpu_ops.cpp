@@ -1,5 +1,6 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, fused_elementwise.cpp,
-// kv_cache_store.cpp, amx_linear.cpp and amx_moe.cpp (one module, so one build and one load serve every CPU op).
+// kv_cache_store.cpp, amx_linear.cpp, amx_moe.cpp and token_bitmask.cpp (one module, so one build and one
+// load serve every CPU op).
 #include <torch/extension.h>
 
 #include <vector>
@@ -22,6 +23,7 @@ torch::Tensor amx_pack_weight(const torch::Tensor& weight);
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
 torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
                             const torch::Tensor& w13, const torch::Tensor& w2);
+void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
@@ -33,5 +35,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("amx_linear_supported", &amx_linear_supported, "Whether amx_linear runs here (AMX built and granted)");
   module.def("amx_pack_weight", &amx_pack_weight, "A bf16 [out, in] weight in amx_linear's layout");
   module.def("amx_linear", &amx_linear, "x W^T + b over an amx_pack_weight weight (bf16)");
+  module.def("apply_token_bitmask", &apply_token_bitmask, "-inf into the float32 logits a grammar bitmask forbids");
   module.def("amx_fused_moe", &amx_fused_moe, "fused_moe over stacked amx_pack_weight experts (bf16)");
 }
