@@ -90,6 +90,12 @@ register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_m
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="mla_attention", backend="triton", fn="rapid_llm.ops.attention.mla_triton:TRITON_MLA_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+# Quantized linears: activations fake-quantized in one pass, then a GEMM that decodes the weight tile by tile
+# (rapid_llm/ops/triton/quant_gemm.py); int4 keeps torch_ref's weight format.
+for _op, _fn in (("fp8_linear", "quant_fp8_gemm:fp8_linear"), ("int4_linear", "quant_int4_gemm:TRITON_INT4"),
+                 ("fp4_linear", "quant_fp4_gemm:fp4_linear")):
+    register_op(name=_op, backend="triton", fn=f"rapid_llm.ops.triton.{_fn}", priority=_TRITON_PRIORITY,
+                conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
 # then and turns a missing toolchain or a failed build into a skip reason.
