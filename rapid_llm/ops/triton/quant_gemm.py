@@ -7,7 +7,8 @@ scales (FORMAT: fp8 e4m3 with tile/row/tensor scales, int4 nibbles with group sc
 e4m3 group scales times a per-row global, MXFP4 e2m1 with e8m0 scales), rounds it to the activation dtype as
 the torch references do, and accumulates in fp32. So the results equal torch_ref's up to summation order.
 The dot runs in the activation dtype: the win is the weight's bytes read (1/2 or 1/4 of bf16), not fp8 / int
-tensor-core math. Usage: `dequant_gemm(x, FP8, weight, scales, ...)` from the quant_*_gemm.py wrappers.
+tensor-core math. fp8 bytes are decoded with integer ops, so it also runs where Triton has no e4m3 type (sm_80).
+Usage: `dequant_gemm(x, FP8, weight, out_features, scales, ...)` from the quant_*_gemm.py wrappers.
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ def _nibble(w_ptr, cols, depth, mask, w_row_stride):
 
 
 @triton.jit
+def e4m3_to_float(byte):
+    """fp8 e4m3 bytes (held as uint8) -> fp32, from the bits: sm_80 and older have no e4m3 type to load."""
+    bits = byte.to(tl.int32)
+    exponent, mantissa = (bits >> 3) & 0xF, bits & 0x7
+    normal = ((exponent + 120) << 23) | (mantissa << 20)  # 2 ** (e - 7) * (1 + m / 8)
+    normal = tl.where((exponent == 0xF) & (mantissa == 0x7), 0x7FC00000, normal)  # the one NaN code
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
+    return tl.where((bits & 0x80) != 0, -magnitude, magnitude)
+
+
+@triton.jit
 def _e2m1(code):
     magnitude = e2m1_magnitude(code & 7)
     return tl.where((code & 8) != 0, -magnitude, magnitude)
@@ -51,15 +63,15 @@ def _weight_tile(w_ptr, scale_ptr, aux_ptr, cols, depth, mask, w_row_stride, sca
     """
     scale_offsets = (cols[None, :] // group_n).to(tl.int64) * scale_row_stride + depth[:, None] // group_k
     if FORMAT == FP8:
-        q = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_row_stride + depth[:, None], mask=mask, other=0.0)
-        return q.to(tl.float32) * tl.load(scale_ptr + scale_offsets, mask=mask, other=0.0)
+        q = tl.load(w_ptr + cols[None, :].to(tl.int64) * w_row_stride + depth[:, None], mask=mask, other=0)
+        return e4m3_to_float(q) * tl.load(scale_ptr + scale_offsets, mask=mask, other=0.0)
     code = _nibble(w_ptr, cols, depth, mask, w_row_stride)
     if FORMAT == INT4:  # params [N, groups, 2]: (scale, zero) pairs
         scale = tl.load(scale_ptr + 2 * scale_offsets, mask=mask, other=0.0)
         zero = tl.load(scale_ptr + 2 * scale_offsets + 1, mask=mask, other=0.0)
         return (code.to(tl.float32) - zero) * scale
     if FORMAT == NVFP4:
-        scale = tl.load(scale_ptr + scale_offsets, mask=mask, other=0.0).to(tl.float32)
+        scale = e4m3_to_float(tl.load(scale_ptr + scale_offsets, mask=mask, other=0))
         global_scale = tl.load(aux_ptr + cols[None, :] * aux_stride, mask=mask, other=0.0)
         return (_e2m1(code) * scale) * global_scale
     exponent = tl.load(scale_ptr + scale_offsets, mask=mask, other=0).to(tl.int32)  # MXFP4: e8m0 bytes
@@ -102,7 +114,9 @@ def dequant_gemm(x: torch.Tensor, fmt: tl.constexpr, weight: torch.Tensor, out_f
                  scale_row_stride: int, group_n: int, group_k: int, bias: torch.Tensor | None,
                  aux: torch.Tensor | None = None, aux_stride: int = 0) -> torch.Tensor:
     """x [..., K] @ the `fmt` weight [out_features, K] (rows of `weight` hold one output each) + bias, in x's dtype."""
-    rows, weight = rows_of(x), rows_of(weight)
+    # fp8 tensors travel as their bytes (decoded in the kernel).
+    rows, weight = rows_of(x), rows_of(weight).view(torch.uint8)
+    scale = scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale
     m, k = rows.shape
     if bias is not None and bias.shape != (out_features,):
         raise ValueError(f"quantized linear: bias {tuple(bias.shape)} must be [{out_features}]")
