@@ -29,8 +29,11 @@ register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
                         "available": "rapid_llm.ops.cpu_half:half_kernels_missing"})
 # fp8_linear(x, fp8 weight, scales, input_scale, spec, bias): FP8 weight formats (rapid_llm/quantization/fp8_linear.py
-# binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype.
+# binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype;
+# cpu_table decodes the fp8 bytes by a table gather (the same values, faster on CPU).
 register_op(name="fp8_linear", backend=REFERENCE, fn="rapid_llm.ops.fp8_linear:fp8_linear")
+register_op(name="fp8_linear", backend="cpu_table", fn="rapid_llm.ops.fp8_linear:fp8_linear_table", priority=10,
+            conditions={"device": "cpu"})
 # int4_linear implementations are Int4Kernels (rapid_llm/ops/int4_linear.py) owning their weight format: GPTQ, AWQ
 # and online int4 (rapid_llm/quantization/int4_linear.py). cpu_int4pack: torch's CPU int4 GEMM.
 register_op(name="int4_linear", backend=REFERENCE, fn="rapid_llm.ops.int4_linear:TORCH_INT4")
