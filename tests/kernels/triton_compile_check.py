@@ -87,7 +87,7 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
                           {"w_ptr": weight, "scale_ptr": scale, **({"aux_ptr": aux} if aux else {})},
                           {"num_warps": 4, "num_stages": 3}))
     quantizer = {"static_scale_ptr": "*fp32", "amax_bound": "fp32", "global_ptr": "*fp32"}
-    for mode in (quant_activation.FP8, quant_activation.FP8_STATIC, quant_activation.INT8):
+    for mode in (quant_activation.MODE_FP8, quant_activation.MODE_FP8_STATIC, quant_activation.MODE_INT8):
         cases.append((f"quant activation mode {mode.value}", quant_activation._fake_quantize_kernel, "bf16",
                       {"MODE": mode, "UE8M0": True, "HAS_BOUND": True, "BLOCK": 1024}, quantizer, {"num_warps": 4}))
     cases.append(("quant activation nvfp4", quant_activation._nvfp4_kernel, "bf16", {"BLOCK": 1024, "GROUP": 16},

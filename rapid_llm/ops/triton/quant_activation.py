@@ -18,10 +18,9 @@ import triton.language as tl
 from rapid_llm.ops.tensor_rows import rows_of
 from rapid_llm.ops.triton.launch import warps_for
 
-FP8 = tl.constexpr(0)
-FP8_STATIC = tl.constexpr(1)
-INT8 = tl.constexpr(2)
-_MODES = {"fp8": 0, "fp8_static": 1, "int8": 2}
+MODE_FP8 = tl.constexpr(0)  # dynamic scales, per token or token group
+MODE_FP8_STATIC = tl.constexpr(1)
+MODE_INT8 = tl.constexpr(2)
 _CHUNK = 1024
 _NVFP4_GROUP = 16
 
@@ -66,7 +65,7 @@ def _fake_quantize_kernel(x_ptr, out_ptr, static_scale_ptr, x_row_stride, k, gro
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * group
     offsets = tl.arange(0, BLOCK)
-    if MODE == FP8_STATIC:
+    if MODE == MODE_FP8_STATIC:
         scale = tl.load(static_scale_ptr).to(tl.float32)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -76,7 +75,7 @@ def _fake_quantize_kernel(x_ptr, out_ptr, static_scale_ptr, x_row_stride, k, gro
             x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
         amax = tl.max(amax, axis=0)
-        if MODE == INT8:
+        if MODE == MODE_INT8:
             scale = tl.maximum(tl.div_rn(amax, 127.0), 1e-10)
         else:
             if HAS_BOUND:
@@ -89,7 +88,7 @@ def _fake_quantize_kernel(x_ptr, out_ptr, static_scale_ptr, x_row_stride, k, gro
         mask = (start + offsets < group) & (cols < k)
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         scaled = tl.div_rn(x, scale)
-        if MODE == INT8:
+        if MODE == MODE_INT8:
             restored = tl.minimum(tl.maximum(round_half_even(scaled), -127.0), 127.0) * scale
         else:
             restored = round_to_e4m3(tl.minimum(tl.maximum(scaled, -448.0), 448.0)) * scale
@@ -124,7 +123,7 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, torch.empty(rows.shape, dtype=x.dtype, device=x.device)
 
 
-def _launch(x: torch.Tensor, mode: str, group: int, static_scale: torch.Tensor | None = None, ue8m0: bool = False,
+def _launch(x: torch.Tensor, mode: tl.constexpr, group: int, static_scale: torch.Tensor | None = None, ue8m0: bool = False,
             amax_bound: float | None = None) -> torch.Tensor:
     rows, out = _rows(x)
     k = rows.shape[1]
@@ -132,7 +131,7 @@ def _launch(x: torch.Tensor, mode: str, group: int, static_scale: torch.Tensor |
         block = min(_CHUNK, triton.next_power_of_2(group))
         _fake_quantize_kernel[(rows.shape[0], triton.cdiv(k, group))](
             rows, out, static_scale, rows.stride(0), k, group, 0.0 if amax_bound is None else amax_bound,
-            MODE=_MODES[mode], UE8M0=ue8m0, HAS_BOUND=amax_bound is not None, BLOCK=block, num_warps=warps_for(block))
+            MODE=mode, UE8M0=ue8m0, HAS_BOUND=amax_bound is not None, BLOCK=block, num_warps=warps_for(block))
     return out.view(x.shape)
 
 
@@ -140,15 +139,15 @@ def fake_quantize_fp8(x: torch.Tensor, group: int | None, static_scale: torch.Te
                       amax_bound: float | None = None) -> torch.Tensor:
     """fp8_math.fake_quantize_activation: a static scale, or dynamic per token (`group` None) or token group."""
     if static_scale is not None:
-        return _launch(x, "fp8_static", x.shape[-1], static_scale.reshape(1).float())
+        return _launch(x, MODE_FP8_STATIC, x.shape[-1], static_scale.reshape(1).float())
     if group is not None and group < 1:
         raise ValueError(f"fp8 activation group must be positive, got {group}")
-    return _launch(x, "fp8", group or x.shape[-1], ue8m0=ue8m0, amax_bound=amax_bound)
+    return _launch(x, MODE_FP8, group or x.shape[-1], ue8m0=ue8m0, amax_bound=amax_bound)
 
 
 def fake_quantize_int8(x: torch.Tensor) -> torch.Tensor:
     """int4_math.fake_quantize_int8_per_token: symmetric int8, one scale amax / 127 per token."""
-    return _launch(x, "int8", x.shape[-1])
+    return _launch(x, MODE_INT8, x.shape[-1])
 
 
 def fake_quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
