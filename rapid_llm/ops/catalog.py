@@ -41,8 +41,11 @@ register_op(name="int4_linear", backend="cpu_int4pack", fn="rapid_llm.ops.int4_l
             conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
                         "available": "rapid_llm.ops.int4_linear:int4pack_missing"})
 # fp4_linear(x, packed weight, group scales, weight_global, input_global, spec, bias): NVFP4 / MXFP4 weights
-# (rapid_llm/quantization/fp4_linear.py). torch_ref dequantizes and runs F.linear in the activation dtype.
+# (rapid_llm/quantization/fp4_linear.py). torch_ref dequantizes and runs F.linear in the activation dtype;
+# cpu_table decodes the e2m1 nibbles by table gathers (the same values, faster on CPU).
 register_op(name="fp4_linear", backend=REFERENCE, fn="rapid_llm.ops.fp4_linear:fp4_linear")
+register_op(name="fp4_linear", backend="cpu_table", fn="rapid_llm.ops.fp4_linear:fp4_linear_table", priority=10,
+            conditions={"device": "cpu"})
 # fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
 # expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")

@@ -40,8 +40,8 @@ Writer = Callable[[Path, Path], object]
 FORMATS: dict[str, tuple[str, dict, Writer | None, str | None]] = {
     "fp8-block32-ue8m0": ("fp8_linear", BLOCK32_SHAPE,
                           lambda src, dst: write_fp8_checkpoint(src, dst, Format("block", (32, 32), ue8m0=True)), None),
-    "fp8-tensor-static": ("fp8_linear", {}, lambda src, dst: write_fp8_checkpoint(src, dst, Format("tensor", static=True)),
-                          None),
+    "fp8-tensor-static": ("fp8_linear", {},
+                          lambda src, dst: write_fp8_checkpoint(src, dst, Format("tensor", static=True)), None),
     "fp8-rowwise": ("fp8_linear", {}, None, "fp8-rowwise"),
     "gptq-act-order-w4a8": ("int4_linear", {}, lambda src, dst: write_int4_checkpoint(
         src, dst, Int4Format("gptq", 32, desc_act=True, w4a8=True)), None),

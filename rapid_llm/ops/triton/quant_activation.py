@@ -4,8 +4,8 @@ The same numerics as the torch references, bit for bit in fp32: FP8 e4m3 per tok
 under a static scale, with optional ue8m0 scales and an amax bound (`quantization/fp8_math.py`); int8 per token
 (`int4_math.fake_quantize_int8_per_token`); NVFP4 per 16 features under a global scale (`fp4_math`). Divisions
 are IEEE (`div_rn`: Triton's default fp32 division is approximate on GPUs); ue8m0, the e4m3 rounding and
-round-half-even are exact bit and integer arithmetic, so no cast or libdevice call decides a rounding. The GEMMs read the restored x: one pass here,
-then plain tiles there, with the reference's rounding points.
+round-half-even are exact bit and integer arithmetic, so no cast or libdevice call decides a rounding. The GEMMs
+read the restored x: one pass here, then plain tiles there, with the reference's rounding points.
 Usage: `fake_quantize_fp8(x, group, static_scale, ue8m0, bound)`, `fake_quantize_int8(x)`, `fake_quantize_nvfp4(x, g)`.
 """
 
@@ -123,8 +123,8 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, torch.empty(rows.shape, dtype=x.dtype, device=x.device)
 
 
-def _launch(x: torch.Tensor, mode: tl.constexpr, group: int, static_scale: torch.Tensor | None = None, ue8m0: bool = False,
-            amax_bound: float | None = None) -> torch.Tensor:
+def _launch(x: torch.Tensor, mode: tl.constexpr, group: int, static_scale: torch.Tensor | None = None,
+            ue8m0: bool = False, amax_bound: float | None = None) -> torch.Tensor:
     rows, out = _rows(x)
     k = rows.shape[1]
     if rows.shape[0] and k:

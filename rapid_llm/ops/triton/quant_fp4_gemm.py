@@ -16,7 +16,8 @@ from rapid_llm.quantization.fp4_math import MXFP4_BLOCK, NVFP4_GROUP
 
 
 def fp4_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_global: torch.Tensor | None,
-               input_global: torch.Tensor | None, spec: Fp4LinearSpec, bias: torch.Tensor | None = None) -> torch.Tensor:
+               input_global: torch.Tensor | None, spec: Fp4LinearSpec,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     out_features, in_features = weight.shape[0], 2 * weight.shape[1]
     group = NVFP4_GROUP if spec.fmt == "nvfp4" else MXFP4_BLOCK
     if x.shape[-1] != in_features or tuple(weight_scale.shape) != (out_features, in_features // group):
