@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-call GPU check for a session lent a GPU (device tool): the gpu-marked tests (among them the CUDA
 # graph golden test, tests/models/test_cuda_graphs.py: greedy tokens with graphs == --enforce-eager), the
-# model parity tests on CUDA, and a short serving benchmark on a random 100M Llama, with CUDA graphs and
-# with --enforce-eager. Output goes to $OUT if set.
+# model parity tests on CUDA, the quantized linear op timings, and a short serving benchmark on a random 100M
+# Llama, with CUDA graphs and with --enforce-eager. Output goes to $OUT if set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/rapid_llm-gpu-check}"
@@ -12,6 +12,10 @@ python3 -m pip install -q -e ".[test]" 2>&1 | tail -2
 # Bounded: the gpu-marked tests include the Triton kernels' CUDA runs (tests/kernels), whose first run
 # compiles each kernel specialisation; a hang must not eat the session's device time.
 timeout 600 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+# The quantized linears (fp8 / int4 / fp4: torch_ref vs the Triton dequantize-GEMM) at a 0.5B model's gate_up
+# shape, decode and prefill token counts; bounded like the tests.
+timeout 300 python3 benchmarks/bench_ops.py --device cuda --model-shape qwen2.5-0.5b --dtype bf16 --num-tokens 1,16,256 \
+    --ops fp8_linear,int4_linear,fp4_linear --json "$OUT/quant-linear-ops.json" 2>&1 | tee "$OUT/quant-linear-ops.txt"
 python3 - <<'PY'
 import torch
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint

@@ -29,8 +29,11 @@ register_op(name="linear", backend="cpu_fp32", fn="rapid_llm.ops.cpu_half:CPU_FP
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
                         "available": "rapid_llm.ops.cpu_half:half_kernels_missing"})
 # fp8_linear(x, fp8 weight, scales, input_scale, spec, bias): FP8 weight formats (rapid_llm/quantization/fp8_linear.py
-# binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype.
+# binds one to each quantized layer's scales). torch_ref dequantizes and runs F.linear in the activation dtype;
+# cpu_table decodes the fp8 bytes by a table gather (the same values, faster on CPU).
 register_op(name="fp8_linear", backend=REFERENCE, fn="rapid_llm.ops.fp8_linear:fp8_linear")
+register_op(name="fp8_linear", backend="cpu_table", fn="rapid_llm.ops.fp8_linear:fp8_linear_table", priority=10,
+            conditions={"device": "cpu"})
 # int4_linear implementations are Int4Kernels (rapid_llm/ops/int4_linear.py) owning their weight format: GPTQ, AWQ
 # and online int4 (rapid_llm/quantization/int4_linear.py). cpu_int4pack: torch's CPU int4 GEMM.
 register_op(name="int4_linear", backend=REFERENCE, fn="rapid_llm.ops.int4_linear:TORCH_INT4")
@@ -38,8 +41,11 @@ register_op(name="int4_linear", backend="cpu_int4pack", fn="rapid_llm.ops.int4_l
             conditions={"device": "cpu", "dtype": ["fp32", "bf16", "fp16"],
                         "available": "rapid_llm.ops.int4_linear:int4pack_missing"})
 # fp4_linear(x, packed weight, group scales, weight_global, input_global, spec, bias): NVFP4 / MXFP4 weights
-# (rapid_llm/quantization/fp4_linear.py). torch_ref dequantizes and runs F.linear in the activation dtype.
+# (rapid_llm/quantization/fp4_linear.py). torch_ref dequantizes and runs F.linear in the activation dtype;
+# cpu_table decodes the e2m1 nibbles by table gathers (the same values, faster on CPU).
 register_op(name="fp4_linear", backend=REFERENCE, fn="rapid_llm.ops.fp4_linear:fp4_linear")
+register_op(name="fp4_linear", backend="cpu_table", fn="rapid_llm.ops.fp4_linear:fp4_linear_table", priority=10,
+            conditions={"device": "cpu"})
 # fused_moe implementations are MoEKernels (rapid_llm/ops/moe_kernel.py): FusedExperts selects one and stores the
 # expert weights in its format, like linear layers; `ops.fused_moe` dispatches calls on checkpoint-layout weights.
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")
@@ -90,6 +96,12 @@ register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_m
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="mla_attention", backend="triton", fn="rapid_llm.ops.attention.mla_triton:TRITON_MLA_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+# Quantized linears: activations fake-quantized in one pass, then a GEMM that decodes the weight tile by tile
+# (rapid_llm/ops/triton/quant_gemm.py); int4 keeps torch_ref's weight format.
+for _op, _fn in (("fp8_linear", "quant_fp8_gemm:fp8_linear"), ("int4_linear", "quant_int4_gemm:TRITON_INT4"),
+                 ("fp4_linear", "quant_fp4_gemm:fp4_linear")):
+    register_op(name=_op, backend="triton", fn=f"rapid_llm.ops.triton.{_fn}", priority=_TRITON_PRIORITY,
+                conditions=_TRITON)
 
 # C++/CUDA extensions, built on first selection (`ops/cpp/jit.py`): `available` compiles or loads them
 # then and turns a missing toolchain or a failed build into a skip reason.

@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from rapid_llm.ops.triton import (activation, attention_decode, attention_prefill, fused_moe, kv_cache, mla_attention,
-                                   norm, rotary)
+                                   norm, quant_activation, quant_gemm, rotary)
 
 SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
 # Arguments the launch sees 16-divisible at model shapes, which Triton's specialisation marks: whether a GEMM's
@@ -76,6 +76,22 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
         cases.append((f"mla {dtype}", mla_attention._mla_kernel, dtype,
                       {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_C": 512, "BLOCK_R": 64, "DOT_DTYPE": dot,
                        "PRECISION": precision}, floats, {"num_warps": 8, "num_stages": 2}))
+    # Quantized linears: each weight format's dequantize-GEMM (fp8 bytes as u8) and the activation quantizers.
+    for fmt, weight, scale, aux in ((quant_gemm.FP8, "*u8", "*fp32", None), (quant_gemm.INT4, "*u8", "*fp32", None),
+                                    (quant_gemm.NVFP4, "*u8", "*u8", "*fp32"), (quant_gemm.MXFP4, "*u8", "*u8", None)):
+        for dtype, dot, precision in (("bf16", tl.bfloat16, "tf32"), ("fp32", tl.float32, "ieee")):
+            constexprs = {"FORMAT": fmt, "HAS_BIAS": True, "BLOCK_M": 64, "BLOCK_N": quant_gemm._BLOCK_N,
+                          "BLOCK_K": quant_gemm._BLOCK_K, "DOT_DTYPE": dot, "PRECISION": precision}
+            cases.append((f"quant gemm {fmt.value} {dtype}", quant_gemm._dequant_gemm_kernel, dtype,
+                          constexprs if aux else {**constexprs, "aux_ptr": None},
+                          {"w_ptr": weight, "scale_ptr": scale, **({"aux_ptr": aux} if aux else {})},
+                          {"num_warps": 4, "num_stages": 3}))
+    quantizer = {"static_scale_ptr": "*fp32", "amax_bound": "fp32", "global_ptr": "*fp32"}
+    for mode in (quant_activation.MODE_FP8, quant_activation.MODE_FP8_STATIC, quant_activation.MODE_INT8):
+        cases.append((f"quant activation mode {mode.value}", quant_activation._fake_quantize_kernel, "bf16",
+                      {"MODE": mode, "UE8M0": True, "HAS_BOUND": True, "BLOCK": 1024}, quantizer, {"num_warps": 4}))
+    cases.append(("quant activation nvfp4", quant_activation._nvfp4_kernel, "bf16", {"BLOCK": 1024, "GROUP": 16},
+                  quantizer, {"num_warps": 4}))
     return cases
 
 
