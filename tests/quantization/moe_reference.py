@@ -1,0 +1,118 @@
+"""Quantized MoE checkpoints written from known tensors, and the dequantize-then-matmul transformers reference.
+
+Independent of rapid_llm/quantization: per-expert matrices (`experts.{e}.{gate,up,down}_proj.weight`, Mixtral's
+`w1/w3/w2`) are quantized by the tests' own reference quantizers (fp8_reference.py, fp4_reference.py) into the
+per-expert layout each format's checkpoints use, dense linear layers optionally by another (mixed precision).
+The reference is the transformers fp32 model with the dequantized weights loaded into its stacked experts
+(`mlp.experts.gate_up_proj` / `down_proj`) and, for W8A8 experts, an expert loop (transformers' own, rewritten
+here) that fake-quantizes each expert GEMM's input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from types import MethodType
+from typing import Callable
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from tests.quantization import fp8_reference
+from tests.quantization.fp4_reference import gpt_oss_mxfp4
+from tests.quantization.fp8_reference import Format, fake_quantize_input
+
+EXPERT_MATRIX = re.compile(r"(?P<layer>.+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)\."
+                           r"(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
+ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+Quantizer = Callable[[torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]]
+
+
+def fp8_quantizer(fmt: Format) -> Quantizer:
+    """DeepSeek / Qwen3-FP8 tensors of one matrix: `weight` e4m3 and `weight_scale_inv` (block) or `weight_scale`."""
+    def quantize(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        q, scale = fp8_reference.quantize(w, fmt)
+        return {"weight": q, "weight_scale_inv" if fmt.block else "weight_scale": scale}, \
+            fp8_reference.dequantize(q, scale, fmt)
+    return quantize
+
+
+def deepseek_fp4(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """DeepSeek-V4's FP4 expert tensors: `weight` int8 [out, in/2], `weight_scale_inv` float8_e8m0fnu [out, in/32]."""
+    tensors, dequantized = gpt_oss_mxfp4(w)
+    scales = torch.exp2(tensors["weight_scales"].float() - 127).to(torch.float8_e8m0fnu)
+    return {"weight": tensors["weight_blocks"].reshape(w.shape[0], -1).view(torch.int8),
+            "weight_scale_inv": scales}, dequantized
+
+
+def write_moe_checkpoint(source: Path, target: Path, experts: Quantizer, quantization_config: dict,
+                         dense: Quantizer | None = None, keep: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Copy `source` to `target` with every expert matrix quantized by `experts` and, if given, every dense linear
+    weight by `dense`; names under a `keep` prefix stay. Returns the dequantized fp32 weights by checkpoint name."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors, dequantized = {}, {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        quantize = experts if EXPERT_MATRIX.fullmatch(name) else dense if fp8_reference._linear_module(name) else None
+        if quantize is None or name.startswith(keep or ("\0",)):
+            tensors[name] = tensor
+            continue
+        quantized, dequantized[name] = quantize(tensor)
+        module = name.removesuffix(".weight")
+        tensors.update({f"{module}.{key}": value.contiguous() for key, value in quantized.items()})
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return dequantized
+
+
+def _fake_quantized_experts(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """transformers' stacked-experts forward with `activation` applied to the input of each expert GEMM."""
+    def forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        output = torch.zeros_like(hidden_states)
+        for expert in range(self.gate_up_proj.shape[0]):
+            token_idx, position = torch.where(top_k_index == expert)
+            if token_idx.numel() == 0:
+                continue
+            gate, up = torch.nn.functional.linear(activation(hidden_states[token_idx]),
+                                                  self.gate_up_proj[expert]).chunk(2, dim=-1)
+            hidden = torch.nn.functional.linear(activation(self.act_fn(gate) * up), self.down_proj[expert])
+            output.index_add_(0, token_idx, (hidden * top_k_weights[token_idx, position, None]).to(output.dtype))
+        return output
+    return forward
+
+
+def reference_model(source: Path, weights: dict[str, torch.Tensor], dense_fmt: Format | None = None,
+                    expert_activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    ) -> transformers.PreTrainedModel:
+    """The fp32 transformers model of `source` with `weights` (dequantized, by checkpoint name) loaded: dense ones
+    with their inputs fake-quantized as `dense_fmt` says (fp8_reference), expert ones stacked into each layer's
+    gate_up_proj / down_proj, every quantized expert GEMM's input passed through `expert_activation` when given."""
+    dense = {name: w for name, w in weights.items() if not EXPERT_MATRIX.fullmatch(name)}
+    model = fp8_reference.reference_model(source, dense, dense_fmt)
+    params, quantized = dict(model.named_parameters()), set()
+    for name, w in weights.items():
+        match = EXPERT_MATRIX.fullmatch(name)
+        if match is None:
+            continue
+        prefix, expert, role = f"{match['layer']}.mlp.experts", int(match["expert"]), ROLE[match["proj"]]
+        quantized.add(prefix)
+        if role == "down":
+            params[f"{prefix}.down_proj"].data[expert] = w
+        else:
+            rows = w.shape[0]
+            params[f"{prefix}.gate_up_proj"].data[expert, (0 if role == "gate" else rows):][:rows] = w
+    if expert_activation is not None:
+        for name, module in model.named_modules():
+            if name in quantized:
+                module.forward = MethodType(_fake_quantized_experts(expert_activation), module)
+    return model
+
+
+def fp8_activation(fmt: Format) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What a dynamic W8A8 FP8 GEMM sees of its input (per token, or per token and block_k features)."""
+    return lambda x: fake_quantize_input(x, fmt, None)
