@@ -29,6 +29,8 @@ EXPERT_MATRIX = re.compile(r"(?P<layer>.+)\.(?:mlp|block_sparse_moe)\.experts\.(
                            r"(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
 ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 Quantizer = Callable[[torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]]
+# What an expert GEMM sees of its input x: activation(x, expert layer name, expert index, "gate_up" | "down").
+Activation = Callable[[torch.Tensor, str, int, str], torch.Tensor]
 
 
 def fp8_quantizer(fmt: Format) -> Quantizer:
@@ -49,11 +51,15 @@ def deepseek_fp4(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor
 
 
 def write_moe_checkpoint(source: Path, target: Path, experts: Quantizer, quantization_config: dict,
-                         dense: Quantizer | None = None, keep: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+                         dense: Quantizer | None = None, keep: tuple[str, ...] = (),
+                         input_scales: tuple[str, float] | None = None) -> dict[str, torch.Tensor]:
     """Copy `source` to `target` with every expert matrix quantized by `experts` and, if given, every dense linear
-    weight by `dense`; names under a `keep` prefix stay. Returns the dequantized fp32 weights by checkpoint name."""
+    weight by `dense`; names under a `keep` prefix stay. `input_scales` (name, format's max) adds a static
+    per-matrix input scale (a calibrated-looking amax of a few units / max). Returns the dequantized fp32 weights
+    by checkpoint name and each static scale under `<module>.input_scale`."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
     tensors, dequantized = {}, {}
+    generator = torch.Generator().manual_seed(0)
     for name, tensor in load_file(source / "model.safetensors").items():
         quantize = experts if EXPERT_MATRIX.fullmatch(name) else dense if fp8_reference._linear_module(name) else None
         if quantize is None or name.startswith(keep or ("\0",)):
@@ -62,6 +68,10 @@ def write_moe_checkpoint(source: Path, target: Path, experts: Quantizer, quantiz
         quantized, dequantized[name] = quantize(tensor)
         module = name.removesuffix(".weight")
         tensors.update({f"{module}.{key}": value.contiguous() for key, value in quantized.items()})
+        if input_scales is not None:
+            scale_name, fmt_max = input_scales
+            scale = torch.tensor(2.0 + torch.rand((), generator=generator).item()) / fmt_max
+            dequantized[f"{module}.input_scale"], tensors[f"{module}.{scale_name}"] = scale, scale.reshape(1)
     save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((target / "config.json").read_text())
     config["quantization_config"] = quantization_config
@@ -69,7 +79,7 @@ def write_moe_checkpoint(source: Path, target: Path, experts: Quantizer, quantiz
     return dequantized
 
 
-def _fake_quantized_experts(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _fake_quantized_experts(activation: Activation, layer: str) -> Callable[..., torch.Tensor]:
     """transformers' stacked-experts forward with `activation` applied to the input of each expert GEMM."""
     def forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -78,21 +88,23 @@ def _fake_quantized_experts(activation: Callable[[torch.Tensor], torch.Tensor]) 
             token_idx, position = torch.where(top_k_index == expert)
             if token_idx.numel() == 0:
                 continue
-            gate, up = torch.nn.functional.linear(activation(hidden_states[token_idx]),
+            gate, up = torch.nn.functional.linear(activation(hidden_states[token_idx], layer, expert, "gate_up"),
                                                   self.gate_up_proj[expert]).chunk(2, dim=-1)
-            hidden = torch.nn.functional.linear(activation(self.act_fn(gate) * up), self.down_proj[expert])
+            hidden = torch.nn.functional.linear(activation(self.act_fn(gate) * up, layer, expert, "down"),
+                                                self.down_proj[expert])
             output.index_add_(0, token_idx, (hidden * top_k_weights[token_idx, position, None]).to(output.dtype))
         return output
     return forward
 
 
 def reference_model(source: Path, weights: dict[str, torch.Tensor], dense_fmt: Format | None = None,
-                    expert_activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    expert_activation: Activation | None = None,
                     ) -> transformers.PreTrainedModel:
     """The fp32 transformers model of `source` with `weights` (dequantized, by checkpoint name) loaded: dense ones
     with their inputs fake-quantized as `dense_fmt` says (fp8_reference), expert ones stacked into each layer's
     gate_up_proj / down_proj, every quantized expert GEMM's input passed through `expert_activation` when given."""
-    dense = {name: w for name, w in weights.items() if not EXPERT_MATRIX.fullmatch(name)}
+    dense = {name: w for name, w in weights.items()
+             if not EXPERT_MATRIX.fullmatch(name.replace(".input_scale", ".weight"))}
     model = fp8_reference.reference_model(source, dense, dense_fmt)
     params, quantized = dict(model.named_parameters()), set()
     for name, w in weights.items():
@@ -109,10 +121,21 @@ def reference_model(source: Path, weights: dict[str, torch.Tensor], dense_fmt: F
     if expert_activation is not None:
         for name, module in model.named_modules():
             if name in quantized:
-                module.forward = MethodType(_fake_quantized_experts(expert_activation), module)
+                module.forward = MethodType(_fake_quantized_experts(expert_activation, name), module)
     return model
 
 
-def fp8_activation(fmt: Format) -> Callable[[torch.Tensor], torch.Tensor]:
+def fp8_activation(fmt: Format) -> Activation:
     """What a dynamic W8A8 FP8 GEMM sees of its input (per token, or per token and block_k features)."""
-    return lambda x: fake_quantize_input(x, fmt, None)
+    return lambda x, layer, expert, projection: fake_quantize_input(x, fmt, None)
+
+
+def expert_input_scale(weights: dict[str, torch.Tensor], layer: str, expert: int, projection: str) -> torch.Tensor:
+    """The static input scale of one expert GEMM: down's, or the larger of gate's and up's (one input for both)."""
+    matrices = ("down_proj",) if projection == "down" else ("gate_proj", "up_proj")
+    return max(weights[f"{layer}.{expert}.{matrix}.input_scale"] for matrix in matrices)
+
+
+def static_fp8_activation(fmt: Format, weights: dict[str, torch.Tensor]) -> Activation:
+    return lambda x, layer, expert, projection: fake_quantize_input(
+        x, fmt, expert_input_scale(weights, layer, expert, projection))

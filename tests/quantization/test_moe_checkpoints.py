@@ -13,11 +13,24 @@ import torch
 
 from rapid_llm.config import ModelConfig
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
-from tests.quantization.fp4_reference import compressed_tensors_nvfp4, gpt_oss_mxfp4
+from tests.quantization.fp4_reference import (
+    add_w4a4_hooks,
+    compressed_tensors_fake_quantize,
+    compressed_tensors_nvfp4,
+    gpt_oss_mxfp4,
+    modelopt_nvfp4,
+)
 from tests.quantization.fp8_reference import Format
-from tests.quantization.moe_reference import fp8_activation, fp8_quantizer, reference_model, write_moe_checkpoint
+from tests.quantization.moe_reference import (
+    expert_input_scale,
+    fp8_activation,
+    fp8_quantizer,
+    reference_model,
+    static_fp8_activation,
+    write_moe_checkpoint,
+)
 from tests.quantization.test_compressed_tensors_checkpoints import preset_config
-from tests.quantization.test_fp4_checkpoints import WEIGHT_ONLY_ATOL
+from tests.quantization.test_fp4_checkpoints import MODELOPT, W4A4_ATOL, WEIGHT_ONLY_ATOL
 from tests.quantization.test_fp8_checkpoints import LOGIT_ATOL, _max_error, _runner
 
 QWEN3_MOE = "Qwen3MoeForCausalLM"
@@ -25,7 +38,8 @@ QWEN3_MOE = "Qwen3MoeForCausalLM"
 SHAPES = {None: {"moe_intermediate_size": 48},
           32: {"moe_intermediate_size": 64, "intermediate_size": 96},
           128: {"hidden_size": 128, "head_dim": 64, "intermediate_size": 256, "moe_intermediate_size": 128}}
-FP8_FORMATS = {"tensor": Format("tensor"), "row": Format("row"), "block128": Format("block", (128, 128)),
+FP8_FORMATS = {"tensor": Format("tensor"), "tensor-static": Format("tensor", static=True), "row": Format("row"),
+               "block128": Format("block", (128, 128)),
                "block32": Format("block", (32, 32)), "block32-ue8m0": Format("block", (32, 32), ue8m0=True)}
 
 
@@ -39,10 +53,12 @@ def test_fp8_experts_match_dequantized_reference(tmp_path: Path, name: str) -> N
     source = build_tiny_checkpoint(tmp_path / "fp32", QWEN3_MOE, with_tokenizer=False,
                                    **SHAPES[fmt.block and fmt.block[0]])
     quantize = fp8_quantizer(fmt)
-    weights = write_moe_checkpoint(source, tmp_path / "fp8", quantize, fmt.quantization_config(), dense=quantize)
+    weights = write_moe_checkpoint(source, tmp_path / "fp8", quantize, fmt.quantization_config(), dense=quantize,
+                                   input_scales=("input_scale", 448.0) if fmt.static else None)
     runner = _runner(tmp_path / "fp8")
     assert _experts(runner).w13_weight.dtype == torch.float8_e4m3fn
-    error = _max_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt)))
+    activation = static_fp8_activation(fmt, weights) if fmt.static else fp8_activation(fmt)
+    error = _max_error(runner, reference_model(source, weights, fmt, activation))
     print(f"fp8 experts {name}: max |logit error| {error:.2e}")
     assert error <= LOGIT_ATOL
 
@@ -76,6 +92,25 @@ def test_fp4_experts_match_dequantized_reference(tmp_path: Path, layout: str) ->
     error = _max_error(runner, reference_model(source, weights))
     print(f"{layout} fp4 experts: max |logit error| {error:.2e}")
     assert error <= WEIGHT_ONLY_ATOL
+
+
+def test_modelopt_nvfp4_w4a4_experts_match_reference(tmp_path: Path) -> None:
+    """ModelOpt NVFP4 (W4A4): each expert GEMM's input fake-quantized under its static scale (gate|up: the larger)."""
+    source = build_tiny_checkpoint(tmp_path / "fp32", QWEN3_MOE, with_tokenizer=False, **SHAPES[32])
+    weights = write_moe_checkpoint(source, tmp_path / "nvfp4", modelopt_nvfp4, MODELOPT, dense=modelopt_nvfp4,
+                                   input_scales=("input_scale", 448.0 * 6))
+    runner = _runner(tmp_path / "nvfp4")
+    assert _experts(runner).w2_weight.dtype == torch.uint8
+
+    def activation(x: torch.Tensor, layer: str, expert: int, projection: str) -> torch.Tensor:
+        global_scale = 1 / expert_input_scale(weights, layer, expert, projection)
+        return compressed_tensors_fake_quantize(x, global_scale.reshape(1))
+
+    reference = reference_model(source, weights, None, activation)
+    add_w4a4_hooks(reference, weights)
+    error = _max_error(runner, reference)
+    print(f"modelopt nvfp4 W4A4 experts: max |logit error| {error:.2e}")
+    assert error <= W4A4_ATOL
 
 
 def test_ignore_list_keeps_experts_in_the_model_dtype(tmp_path: Path) -> None:
