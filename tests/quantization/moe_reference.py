@@ -2,7 +2,7 @@
 
 Independent of rapid_llm/quantization: per-expert matrices (`experts.{e}.{gate,up,down}_proj.weight`, Mixtral's
 `w1/w3/w2`) are quantized by the tests' own reference quantizers (fp8_reference.py, fp4_reference.py) into the
-per-expert layout each format's checkpoints use, dense linear layers optionally by another (mixed precision).
+per-expert layout each format's checkpoints use (DeepSeek-V4: `ffn.experts.{e}.w1/w3/w2`), dense linear layers optionally by another (mixed precision).
 The reference is the transformers fp32 model with the dequantized weights loaded into its stacked experts
 (`mlp.experts.gate_up_proj` / `down_proj`) and, for W8A8 experts, an expert loop (transformers' own, rewritten
 here) that fake-quantizes each expert GEMM's input.
@@ -25,7 +25,7 @@ from tests.quantization import fp8_reference
 from tests.quantization.fp4_reference import gpt_oss_mxfp4
 from tests.quantization.fp8_reference import Format, fake_quantize_input
 
-EXPERT_MATRIX = re.compile(r"(?P<layer>.+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)\."
+EXPERT_MATRIX = re.compile(r"(?P<layer>.+)\.(?:mlp|block_sparse_moe|ffn)\.experts\.(?P<expert>\d+)\."
                            r"(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
 ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 Quantizer = Callable[[torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]]

@@ -1,7 +1,8 @@
-"""Quantized MoE checkpoints: per-expert FP8 (per-tensor, per-row, block 128 / 32, ue8m0), compressed-tensors NVFP4 and
-gpt-oss-named MXFP4 experts of a tiny Qwen3-MoE (and FP8 Mixtral) written from known tensors load, keep the experts
-quantized, and give the logits of transformers with the dequantized weights (and fake-quantized expert inputs for
-W8A8); ignore lists reach the experts; malformed or unfitting configs are refused naming the field."""
+"""Quantized MoE checkpoints: per-expert FP8 (per-tensor, static, per-row, block 128 / 32, ue8m0), compressed-tensors
+NVFP4, ModelOpt NVFP4 W4A4 and gpt-oss-named MXFP4 experts of a tiny Qwen3-MoE (and FP8 Mixtral, DeepSeek-V4
+`expert_dtype: fp4`) written from known tensors load, keep the experts quantized, and give the logits of transformers
+with the dequantized weights (and fake-quantized expert inputs for W8A8 / W4A4); ignore lists reach the experts;
+malformed or unfitting configs are refused naming the field."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.quantization.fp4_reference import (
 )
 from tests.quantization.fp8_reference import Format
 from tests.quantization.moe_reference import (
+    deepseek_fp4,
     expert_input_scale,
     fp8_activation,
     fp8_quantizer,
@@ -75,6 +77,20 @@ def test_fp8_mixtral_experts_match_dequantized_reference(tmp_path: Path) -> None
     error = _max_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt)))
     print(f"fp8 mixtral experts: max |logit error| {error:.2e}")
     assert error <= LOGIT_ATOL
+
+
+def test_deepseek_v4_fp4_experts_match_dequantized_reference(tmp_path: Path) -> None:
+    """DeepSeek-V4's spelling: an fp8 config with `expert_dtype: fp4` and int8-packed experts with e8m0 scales
+    (attention and the shared expert left unquantized by the ignore list, so only the experts change)."""
+    source = build_tiny_checkpoint(tmp_path / "fp32", "DeepseekV4ForCausalLM", with_tokenizer=False)
+    config = {"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0", "expert_dtype": "fp4",
+              "modules_to_not_convert": ["attn", "shared_experts"]}
+    weights = write_moe_checkpoint(source, tmp_path / "fp4", deepseek_fp4, config)
+    runner = _runner(tmp_path / "fp4")
+    assert runner.model.model.layers[0].ffn.experts.w13_weight.dtype == torch.uint8
+    error = _max_error(runner, reference_model(source, weights))
+    print(f"deepseek-v4 fp4 experts: max |logit error| {error:.2e}")
+    assert error <= WEIGHT_ONLY_ATOL
 
 
 @pytest.mark.parametrize("layout", ["compressed-tensors", "gpt-oss"])
