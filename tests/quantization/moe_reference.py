@@ -2,10 +2,10 @@
 
 Independent of rapid_llm/quantization: per-expert matrices (`experts.{e}.{gate,up,down}_proj.weight`, Mixtral's
 `w1/w3/w2`) are quantized by the tests' own reference quantizers (fp8_reference.py, fp4_reference.py) into the
-per-expert layout each format's checkpoints use (DeepSeek-V4: `ffn.experts.{e}.w1/w3/w2`), dense linear layers optionally by another (mixed precision).
-The reference is the transformers fp32 model with the dequantized weights loaded into its stacked experts
-(`mlp.experts.gate_up_proj` / `down_proj`) and, for W8A8 experts, an expert loop (transformers' own, rewritten
-here) that fake-quantizes each expert GEMM's input.
+per-expert layout each format's checkpoints use (DeepSeek-V4: `ffn.experts.{e}.w1/w3/w2`), dense linear layers
+optionally by another (mixed precision). The reference is the transformers fp32 model with the dequantized weights
+loaded into its stacked experts (`mlp.experts.gate_up_proj` / `down_proj`) and, for W8A8 / W4A4 experts, an expert
+loop (transformers' own, rewritten here) that fake-quantizes each expert GEMM's input.
 """
 
 from __future__ import annotations
