@@ -15,10 +15,10 @@ Usage: `FusedExperts(num_experts, hidden, intermediate)(x [T, H], weights [T, k]
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-
-from typing import TYPE_CHECKING
 
 from rapid_llm.distributed import get_tp_size
 from rapid_llm.layers.weight_utils import copy_weight
