@@ -102,6 +102,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     worker_info = engine.info["worker0"]
     server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
                    "kv_cache_tokens": worker_info["kv_cache_tokens"], "kv_cache_bytes": worker_info["kv_cache_bytes"],
+                   "weight_bytes": worker_info["weight_bytes"],
                    "ops": worker_info["ops"], "cpu_threads": worker_info["cpu_threads"], "version": rapid_llm.__version__}
     manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
                                config.model.max_model_len, config.model.vocab_size, engine.is_alive,

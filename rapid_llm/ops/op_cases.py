@@ -22,9 +22,10 @@ from rapid_llm.ops.attention.backend import StepLayout
 from rapid_llm.ops.attention.dsv4_backend import CompressorInputs, IndexerQuery
 from rapid_llm.ops.attention.kv_cache_spec import DeepseekV4Spec
 from rapid_llm.ops.attention.mla_backend import MLADims
-from rapid_llm.ops.fp4_linear import Fp4LinearSpec
-from rapid_llm.ops.fp8_linear import Fp8LinearSpec
+from rapid_llm.ops.fp4_linear import Fp4LinearSpec, fp4_linear
+from rapid_llm.ops.fp8_linear import Fp8LinearSpec, fp8_linear
 from rapid_llm.ops.int4_linear import Int4LinearSpec
+from rapid_llm.ops.quant_moe import ExpertScales
 from rapid_llm.quantization.fp4_math import mxfp4_quantize, nvfp4_global_scale, nvfp4_quantize
 from rapid_llm.quantization.fp8_math import quantize_weight
 from rapid_llm.quantization.int4_math import quantize_rtn
@@ -236,6 +237,37 @@ def _fused_moe_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (x, topk_weights, topk_ids, *kernel.prepare(w13, w2))
 
 
+def _expert_scales(weights: torch.Tensor, variant: str, device: torch.device) -> tuple[torch.Tensor, ExpertScales]:
+    """Every expert's matrix of `weights` [E, N, K] (fp32) quantized in one format, and the scales binding it."""
+    if variant.startswith("fp8"):
+        block = (32, 32) if "block32" in variant else None
+        pairs = [quantize_weight(w, block, variant.endswith("ue8m0"), per_row=block is None) for w in weights]
+        spec = Fp8LinearSpec(block, False, block[1] if block else None, variant.endswith("ue8m0"))
+        packed, scale = torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+        return packed.to(device), ExpertScales(fp8_linear, (scale.to(device), None), spec)
+    if variant == "mxfp4":
+        packed, scale = mxfp4_quantize(weights)
+        return packed.to(device), ExpertScales(fp4_linear, (scale.to(device), None, None), Fp4LinearSpec("mxfp4"))
+    triples = [nvfp4_quantize(w) for w in weights]
+    packed, scale = torch.stack([t[0] for t in triples]), torch.stack([t[1] for t in triples])
+    weight_global = torch.stack([t[2] for t in triples]).reshape(-1, 1, 1)
+    return packed.to(device), ExpertScales(fp4_linear, (scale.to(device), weight_global.to(device), None),
+                                           Fp4LinearSpec("nvfp4"))
+
+
+def _quantized_fused_moe(config: CaseConfig, variant: str) -> OpInputs:
+    """fused_moe's routing with every expert's weights in one quantized format (inter rounded up to FP4 blocks)."""
+    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
+    e, h, i = shape.num_experts, shape.hidden_size, -(-shape.moe_intermediate_size // 32) * 32
+    top_logits, topk_ids = inputs.randn(t, e, dtype=torch.float32).topk(k, dim=-1)
+    topk_weights = top_logits.softmax(dim=-1).to(config.dtype)
+    w13, w13_scales = _expert_scales(inputs.randn(e, 2 * i, h, scale=h**-0.5, dtype=torch.float32), variant,
+                                     config.device)
+    w2, w2_scales = _expert_scales(inputs.randn(e, h, i, scale=i**-0.5, dtype=torch.float32), variant, config.device)
+    args = (inputs.randn(t, h), topk_weights, topk_ids, w13, w2, w13_scales, w2_scales)
+    return OpInputs(args, f"[{t}, {h}] {e} {variant} experts top-{k} inter {i}")
+
+
 # Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one
 # batch different filters: none, k=1, a tiny p, k with p, p alone.
 _FILTER_ROWS = {
@@ -372,6 +404,7 @@ OP_CASES: dict[str, OpCase] = {
     "fp4_linear": OpCase(_fp4_linear, variants=("nvfp4", "nvfp4-w4a4", "mxfp4")),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
+    "quantized_fused_moe": OpCase(_quantized_fused_moe, variants=("fp8-row", "fp8-block32-ue8m0", "nvfp4", "mxfp4")),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
                                  why_dtypes="the sampler filters float32 logits", exact=True),
     "apply_token_bitmask": OpCase(_apply_token_bitmask, variants=("random", "sparse"), dtypes=("float32",),

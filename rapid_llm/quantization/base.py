@@ -3,7 +3,8 @@
 A `QuantizationConfig` is parsed in the launcher (from config.json's `quantization_config`, or built for an
 online `--quantization` name), so a malformed config fails before any process starts. In the worker,
 `linear_method()` returns the object that owns one linear layer's weight format (rapid_llm/quantization/
-linear_method.py); layers that `ignored` names stay in the model dtype.
+linear_method.py) and `moe_method()` the one for a layer of routed experts (moe_method.py), which may be
+another format (`expert_dtype`); layers that `ignored` names stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ class QuantizationConfig(Protocol):
 
     def linear_method(self) -> Any:
         """A LinearMethod for one linear layer."""
+
+    def moe_method(self) -> Any:
+        """A MoEMethod for one layer of routed experts, or None to keep them in the model dtype."""
 
     def summary(self) -> dict[str, Any]:
         """The settings a benchmark result should record."""

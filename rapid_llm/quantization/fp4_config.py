@@ -16,7 +16,8 @@ from typing import Any
 
 from rapid_llm.quantization.base import config_error
 
-LAYOUTS = ("modelopt", "compressed-tensors", "gpt-oss", "online")
+# "deepseek": DeepSeek-V4's FP4 experts (`expert_dtype: fp4` of an fp8 config, fp4_moe.py), experts only.
+LAYOUTS = ("modelopt", "compressed-tensors", "gpt-oss", "deepseek", "online")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class Fp4Config:
         from rapid_llm.quantization.fp4_linear import Fp4LinearMethod
 
         return Fp4LinearMethod(self)
+
+    def moe_method(self) -> Any:
+        from rapid_llm.quantization.fp4_moe import Fp4MoEMethod
+
+        return Fp4MoEMethod(self)
 
 
 def module_names(values: dict[str, Any], field: str, prefix: str = "") -> tuple[str, ...]:

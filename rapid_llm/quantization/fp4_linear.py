@@ -118,6 +118,9 @@ class Fp4LinearMethod(LinearMethod):
         layer.kernel = Fp4LinearKernel(fn, spec, scale, weight_global, input_global)
 
     def _dequantization_scales(self, layer: nn.Module, name: str) -> torch.Tensor:
-        """A per-shard scalar as a dequantization scale (compressed-tensors stores the reciprocal)."""
-        stored = getattr(layer, name).data
-        return 1.0 / stored if self.config.layout == "compressed-tensors" else stored
+        return dequantization_scales(self.config, getattr(layer, name).data)
+
+
+def dequantization_scales(config: Fp4Config, stored: torch.Tensor) -> torch.Tensor:
+    """Per-matrix scalars as dequantization scales (compressed-tensors stores the reciprocal)."""
+    return 1.0 / stored if config.layout == "compressed-tensors" else stored

@@ -5,6 +5,9 @@ scales `weight_scale_inv`; absent -> one `weight_scale` per matrix; `activation_
 with `input_scale`; `scale_fmt: ue8m0` power-of-two scales; `ignored_layers` / `modules_to_not_convert`), and
 `quant_method: fbgemm_fp8` (per-row `weight_scale` [out, 1], dynamic per-token activations, optional
 `activation_scale_ub`). Online names (`--quantization`) quantize model-dtype weights after loading.
+Mixed precision: `expert_dtype` (transformers' FineGrainedFP8Config field; DeepSeek-V4 writes "fp4") gives the
+routed experts their own format: "fp8" (default: as the dense layers), "fp4" or "mxfp4" (DeepSeek-V4's FP4
+experts: `weight` + e8m0 `weight_scale_inv` per 32), "nvfp4" (ModelOpt's per-expert tensors), "bf16" (kept).
 Dynamic activations are quantized per token (tensor and row weights) or per group of block_k (block weights).
 Torch-free: the launcher parses this.
 """
@@ -15,8 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapid_llm.quantization.base import config_error
+from rapid_llm.quantization.fp4_config import Fp4Config
 
 GRANULARITIES = ("tensor", "row", "block")
+# expert_dtype -> the experts' FP4 format (fp4_moe.py), weight only
+_DEEPSEEK_FP4 = Fp4Config("mxfp4", "deepseek", method="fp8")
+EXPERT_FP4 = {"fp4": _DEEPSEEK_FP4, "mxfp4": _DEEPSEEK_FP4, "nvfp4": Fp4Config("nvfp4", "modelopt", method="fp8")}
+EXPERT_DTYPES = ("fp8", *EXPERT_FP4, "bf16")
 
 
 @dataclass(frozen=True)
@@ -30,23 +38,35 @@ class Fp8Config:
     activation_scale_ub: float | None = None  # fbgemm_fp8: dynamic activation amax is clamped to this
     method: str = "fp8"
     block_scale_name: str = "weight_scale_inv"  # compressed-tensors names block scales weight_scale
+    expert_dtype: str = "fp8"  # one of EXPERT_DTYPES: the routed experts' format
 
     @property
     def name(self) -> str:
         weights = f"block {self.block[0]}x{self.block[1]}" if self.block else f"per-{self.granularity}"
         scales = ", ue8m0 scales" if self.ue8m0 else ""
         source = "online" if self.online else "checkpoint"
-        return f"{self.method} ({weights}{scales}, {self.activation} activations, {source})"
+        experts = f", experts {self.expert_dtype}" if self.expert_dtype != "fp8" else ""
+        return f"{self.method} ({weights}{scales}, {self.activation} activations{experts}, {source})"
 
     def summary(self) -> dict[str, Any]:
         return {"method": self.method, "name": self.name, "weight_granularity": self.granularity,
                 "weight_block_size": list(self.block) if self.block else None, "activation_scheme": self.activation,
-                "scale_fmt": "ue8m0" if self.ue8m0 else None, "online": self.online, "ignored": list(self.ignored)}
+                "scale_fmt": "ue8m0" if self.ue8m0 else None, "expert_dtype": self.expert_dtype, "online": self.online,
+                "ignored": list(self.ignored)}
 
     def linear_method(self) -> Any:
         from rapid_llm.quantization.fp8_linear import Fp8LinearMethod
 
         return Fp8LinearMethod(self)
+
+    def moe_method(self) -> Any:
+        if self.expert_dtype == "bf16":
+            return None
+        if self.expert_dtype in EXPERT_FP4:
+            return EXPERT_FP4[self.expert_dtype].moe_method()
+        from rapid_llm.quantization.fp8_moe import Fp8MoEMethod
+
+        return Fp8MoEMethod(self)
 
 
 def _names(values: dict[str, Any], field: str) -> tuple[str, ...]:
@@ -81,7 +101,11 @@ def parse_fp8(values: dict[str, Any]) -> Fp8Config:
     if scale_fmt not in (None, "ue8m0"):
         raise config_error("scale_fmt", f"{scale_fmt!r} is not supported; only ue8m0 or absent")
     ignored = _names(values, "ignored_layers") + _names(values, "modules_to_not_convert")
-    return Fp8Config("block" if block else "tensor", block, activation, scale_fmt == "ue8m0", ignored=ignored)
+    expert_dtype = values.get("expert_dtype", "fp8")
+    if expert_dtype not in EXPERT_DTYPES:
+        raise config_error("expert_dtype", f"{expert_dtype!r} is not supported; one of {', '.join(EXPERT_DTYPES)}")
+    return Fp8Config("block" if block else "tensor", block, activation, scale_fmt == "ue8m0", ignored=ignored,
+                     expert_dtype=expert_dtype)
 
 
 def parse_fbgemm_fp8(values: dict[str, Any]) -> Fp8Config:

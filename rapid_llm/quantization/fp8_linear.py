@@ -133,15 +133,23 @@ class Fp8LinearMethod(LinearMethod):
         elif config.granularity == "tensor":
             set_parameter(layer, scale_name, rows_of_shard_scales(layer, layer.weight_scale.data))
         scale = getattr(layer, scale_name)
-        if config.ue8m0 and not torch.equal(scale, torch.exp2(torch.round(torch.log2(scale)))):
-            raise ValueError("quantization_config.scale_fmt is ue8m0, but its weight scales are not powers of two")
+        check_ue8m0(config, scale)
         input_scale = None
         if config.activation == "static":
             # One scale for the merged input (every shard sees the same x): the largest, so none saturates.
             input_scale = layer.input_scale.data.max()
             set_parameter(layer, "input_scale", input_scale)
-        spec = Fp8LinearSpec(config.block, config.activation == "static",
-                             config.block[1] if config.block is not None else None, config.ue8m0,
-                             config.activation_scale_ub)
         fn = REGISTRY.select("fp8_linear", layer.weight.device, layer.params_dtype).fn
-        layer.kernel = Fp8LinearKernel(fn, spec, scale, getattr(layer, "input_scale", None))
+        layer.kernel = Fp8LinearKernel(fn, fp8_spec(config), scale, getattr(layer, "input_scale", None))
+
+
+def check_ue8m0(config: Fp8Config, scale: torch.Tensor) -> None:
+    if config.ue8m0 and not torch.equal(scale, torch.exp2(torch.round(torch.log2(scale)))):
+        raise ValueError("quantization_config.scale_fmt is ue8m0, but its weight scales are not powers of two")
+
+
+def fp8_spec(config: Fp8Config) -> Fp8LinearSpec:
+    """The fp8_linear call a config's weights take (activations quantized as it says)."""
+    return Fp8LinearSpec(config.block, config.activation == "static",
+                         config.block[1] if config.block is not None else None, config.ue8m0,
+                         config.activation_scale_ub)

@@ -52,6 +52,12 @@ class Int4Config:
 
         return Int4LinearMethod(self)
 
+    def moe_method(self) -> Any:
+        """Int4 experts are not built: online, they stay in the model dtype (None); a checkpoint's are refused."""
+        if self.online:
+            return None
+        raise ValueError(f"{self.layout} MoE experts are not supported: int4 quantized experts are not built")
+
 
 def _integer(values: dict[str, Any], field: str, default: Any) -> Any:
     value = values.get(field, default)

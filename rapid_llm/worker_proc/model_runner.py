@@ -95,8 +95,9 @@ class ModelRunner:
             logger.info("op %s: %s (%s)", name, choice["backend"], choice["reason"])
         start = time.perf_counter()
         self.model = load_model(model_config, self.device)
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        logger.info("weights: %.2f GiB (%s) on %s in %.2f s", weight_bytes / 2**30, model_config.dtype,
+        # As stored after prepare_weights (quantized formats: packed weights plus scales); /server_info reports it.
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info("weights: %.2f GiB (%s) on %s in %.2f s", self.weight_bytes / 2**30, model_config.dtype,
                     self.device, time.perf_counter() - start)
         # One attention op per model ("attention", or "mla_attention" for latent caches): its backend builds
         # the step's metadata once and computes every layer.

@@ -48,7 +48,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
         report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.num_tokens,
-                             "kv_cache_bytes": runner.kv_cache.num_bytes, "ops": runner.op_choices,
+                             "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
+                             "ops": runner.op_choices,
                              "cpu_threads": cpu_threads})
     except Exception as error:
         report_failure(ready, error)

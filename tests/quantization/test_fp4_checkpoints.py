@@ -151,14 +151,15 @@ def test_fp4_flags_in_help_and_server_info(tmp_path: Path) -> None:
 OFF_THE_GROUPS = {("DeepseekV4ForCausalLM", "nvfp4"): "attn.wq_b: its 24 input features",
                   ("DeepseekV4ForCausalLM", "mxfp4"): "attn.wq_b: its 24 input features",
                   ("DeepseekV3ForCausalLM", "mxfp4"): "q_b_proj: its 48 input features",
-                  ("Qwen2MoeForCausalLM", "mxfp4"): "shared_expert.down_proj: its 80 input features"}
+                  **{(moe, "mxfp4"): r"mlp.experts: its 48 input features \(w2\)"
+                     for moe in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")}}
 
 
 @pytest.mark.parametrize("method", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
 def test_online_fp4_runs_every_architecture(tiny_checkpoint, architecture: str, method: str) -> None:
-    """Every model family builds, loads and runs with its linear layers in FP4 (experts stay in the model dtype),
-    or names the layer whose input width its tiny config puts off the format's groups."""
+    """Every model family builds, loads and runs with its linear layers and MoE experts in FP4, or names the layer
+    whose input width its tiny config puts off the format's groups."""
     refused = OFF_THE_GROUPS.get((architecture, method))
     if refused is not None:
         with pytest.raises(ValueError, match=refused):

@@ -173,16 +173,13 @@ def test_ignoring_part_of_a_merged_layer_is_refused(tmp_path: Path) -> None:
         _runner(source)
 
 
-def test_fp8_moe_checkpoints_are_refused_and_online_keeps_experts(tmp_path: Path) -> None:
+def test_online_fp8_quantizes_moe_experts_too(tmp_path: Path) -> None:
+    """(Their logits against the reference: tests/quantization/test_moe_online.py.)"""
     source = build_tiny_checkpoint(tmp_path / "moe", "Qwen3MoeForCausalLM", with_tokenizer=False)
     runner = _runner(source, "fp8")
     assert runner.model.model.layers[1].mlp.down_proj.weight.dtype == torch.float8_e4m3fn  # the dense layer
+    assert runner.model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
     assert all(torch.isfinite(logits).all() for logits in prefill_logits(runner, list(PROMPTS)))
-    config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [32, 32]}
-    (source / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantized MoE experts .* are not supported yet"):
-        _runner(source)
 
 
 def test_online_fp8_leaves_mla_kv_b_proj_in_the_model_dtype(tmp_path: Path) -> None:

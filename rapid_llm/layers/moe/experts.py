@@ -6,12 +6,16 @@ up rows, so one GEMM per expert serves both) and w2 [E, H, I]; the loader's shar
 before (router.py), so the op only gathers, computes and sums. Expert and tensor parallelism are not
 built: the layer refuses tp > 1.
 After loading, `prepare_weights` selects the fused_moe kernel (rapid_llm/ops/moe_kernel.py) and stores both
-tensors in its format (cpu_amx packs them), as linear layers do. `swiglu_limit` (DeepSeek-V4) clamps gate
-and up before the activation.
+tensors in its format (cpu_amx packs them), as linear layers do. A quantized model gives the layer an MoE
+method before loading (`set_moe_method`, rapid_llm/quantization/moe_method.py): it owns the experts' tensors
+and scales, and its `prepare` sets the kernel. `swiglu_limit` (DeepSeek-V4) clamps gate and up before the
+activation.
 Usage: `FusedExperts(num_experts, hidden, intermediate)(x [T, H], weights [T, k], expert_ids [T, k])`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,7 +26,10 @@ from rapid_llm.ops.moe import TORCH_MOE
 from rapid_llm.ops.moe_kernel import MoEKernel
 from rapid_llm.ops.registry import REGISTRY
 
-_SHARDS = ("gate", "up", "down")
+if TYPE_CHECKING:
+    from rapid_llm.quantization.moe_method import MoEMethod
+
+SHARDS = ("gate", "up", "down")
 
 
 class FusedExperts(nn.Module):
@@ -33,30 +40,48 @@ class FusedExperts(nn.Module):
         super().__init__()
         if get_tp_size() > 1:
             raise NotImplementedError("expert/tensor parallel MoE is not built yet: serve MoE models with --tp 1")
-        self.intermediate_size = intermediate_size
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.swiglu_limit = swiglu_limit
         self.kernel: MoEKernel = TORCH_MOE  # until prepare_weights: the checkpoint layout
+        self.moe_method: MoEMethod | None = None  # None: the experts stay in the model dtype
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
         self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def expert_shard(self, shard_id: object) -> tuple[int, str]:
+        """(expert, "gate" | "up" | "down") of a loader's shard id, checked."""
         if not (isinstance(shard_id, tuple) and len(shard_id) == 2 and isinstance(shard_id[0], int)
-                and 0 <= shard_id[0] < param.shape[0] and shard_id[1] in _SHARDS):
-            raise ValueError(f"expert shard_id must be (expert in [0, {param.shape[0]}), one of {_SHARDS}), "
+                and 0 <= shard_id[0] < self.num_experts and shard_id[1] in SHARDS):
+            raise ValueError(f"expert shard_id must be (expert in [0, {self.num_experts}), one of {SHARDS}), "
                              f"got {shard_id!r}")
-        expert, shard = shard_id
+        return shard_id
+
+    def shard_rows(self, param: nn.Parameter, expert: int, shard: str, rows_per_entry: int = 1) -> torch.Tensor:
+        """The slice of `param` [E, rows, ...] a shard fills: gate's or up's half of w13's rows, all of w2's;
+        `rows_per_entry` output rows share one entry (block scales: block_n)."""
         target = param.data[expert]
-        if shard != "down":
-            rows = self.intermediate_size
-            target = target.narrow(0, 0 if shard == "gate" else rows, rows)
-        copy_weight(target, loaded)
+        if shard == "down":
+            return target
+        rows = self.intermediate_size // rows_per_entry
+        return target.narrow(0, 0 if shard == "gate" else rows, rows)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        expert, shard = self.expert_shard(shard_id)
+        copy_weight(self.shard_rows(param, expert, shard), loaded)
+
+    def set_moe_method(self, method: MoEMethod) -> None:
+        """Before loading: let `method` own the experts' weight format (it creates the tensors the checkpoint fills)."""
+        self.moe_method = method
+        method.create_weights(self)
 
     def prepare_weights(self) -> None:
         """Once, after loading: pick the fused_moe kernel and put both weights in its format (from then on
         w13_weight / w2_weight may be in that format, not the checkpoint's). A second call does nothing."""
         if self.kernel is not TORCH_MOE:
+            return
+        if self.moe_method is not None:
+            self.moe_method.prepare(self)
             return
         self.kernel = REGISTRY.select("fused_moe", self.w13_weight.device, self.w13_weight.dtype).fn
         w13, w2 = self.kernel.prepare(self.w13_weight.data, self.w2_weight.data)
