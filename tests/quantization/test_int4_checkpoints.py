@@ -60,7 +60,7 @@ def test_int4_checkpoint_matches_dequantized_reference(tmp_path: Path, name: str
     assert qkv.weight.dtype == torch.uint8 and qkv.weight.numel() * 2 == qkv_rows * config.hidden_size  # 4 bits
     assert hasattr(qkv, "input_perm") == fmt.desc_act
     assert runner.model.lm_head.weight.dtype == torch.float32  # embeddings, norms and the LM head stay
-    error = _max_error(runner, reference_model(source, weights, fmt.w4a8))
+    error = _max_error(runner, reference_model(source, weights, fmt.w4a8), quantized_activations=fmt.w4a8)
     print(f"{name} {backend}: max |logit error| {error:.2e}")
     assert error <= (W4A8_LOGIT_ATOL if fmt.w4a8 else LOGIT_ATOL)
 
@@ -83,7 +83,7 @@ def test_online_int4_matches_dequantized_reference(tmp_path: Path, method: str) 
     source = build_tiny_checkpoint(tmp_path, with_tokenizer=False, **SHAPES[128])
     runner = _runner(source, method)
     assert runner.model.model.layers[1].mlp.down_proj.weight.dtype == torch.uint8
-    error = _max_error(runner, _online_reference(source, method == "w4a8"))
+    error = _max_error(runner, _online_reference(source, method == "w4a8"), quantized_activations=method == "w4a8")
     print(f"{method}: max |logit error| {error:.2e}")
     assert error <= (W4A8_LOGIT_ATOL if method == "w4a8" else LOGIT_ATOL)
 
@@ -105,7 +105,7 @@ def test_modules_to_not_convert_stay_in_the_model_dtype(tmp_path: Path) -> None:
     layers = runner.model.model.layers
     assert layers[1].mlp.down_proj.weight.dtype == layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
     assert layers[0].mlp.down_proj.weight.dtype == layers[1].self_attn.qkv_proj.weight.dtype == torch.uint8
-    assert _max_error(runner, reference_model(source, weights, False)) <= LOGIT_ATOL
+    assert _max_error(runner, reference_model(source, weights, False), quantized_activations=False) <= LOGIT_ATOL
 
 
 @pytest.mark.parametrize("quantization_config,field", [
