@@ -6,6 +6,7 @@
 Key design choice: this file only parses flags, schedules requests and prints; the workloads,
 request functions, metrics and result files live in `benchmarks.common`, each written to mean what
 vLLM's benchmark means, so numbers from here and from vLLM/SGLang runs can be compared directly.
+Added to vLLM's result: the server's resources sampled during the run and the failed requests' reasons.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import contextlib
 import gc
 import json
 import math
+import socket
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 if __package__ in (None, ""):
     # Run as a file (python benchmarks/bench_serving.py): make `benchmarks` importable.
@@ -40,6 +43,7 @@ from benchmarks.common.backends import (
 )
 from benchmarks.common.datasets import load_tokenizer, sample_requests
 from benchmarks.common.environment import collect_environment, fetch_server_info
+from benchmarks.common.errors import error_summary, format_errors
 from benchmarks.common.metrics import (
     RequestOutcome,
     calculate_metrics,
@@ -49,6 +53,7 @@ from benchmarks.common.metrics import (
     parse_percentiles,
     result_dict,
 )
+from benchmarks.common.resources import ResourceSampler, format_resources, server_pids
 from benchmarks.common.results import save_result
 from benchmarks.common.traffic import arrival_offsets
 from rapid_llm.server_args import DEFAULT_PORT  # stdlib-only module: the client still imports no engine code
@@ -86,6 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--metric-percentiles", default="99", help='Comma-separated, e.g. "50,90,99".')
     parser.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                         help="SLOs (ttft, tpot, e2el in ms) a request must all meet to count as good.")
+    parser.add_argument("--server-pid", type=int, default=None,
+                        help="Server process whose tree is sampled for resources (default: the process "
+                             "listening on the server's port, when the server is on this machine).")
+    parser.add_argument("--resource-interval", type=float, default=0.5,
+                        help="Seconds between resource samples.")
     add_dataset_args(parser)
     add_result_args(parser)
     args = parser.parse_args(argv)
@@ -95,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--num-warmups must be non-negative")
     if not 0.0 <= args.structured_output_ratio <= 1.0:
         parser.error("--structured-output-ratio must be in [0, 1]")
+    if args.resource_interval <= 0:
+        parser.error("--resource-interval must be positive")
     return args
 
 
@@ -127,10 +139,25 @@ def first_model(base_url: str) -> tuple[str, str]:
     return models[0]["id"], models[0].get("root") or models[0]["id"]
 
 
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", socket.gethostname()}
+
+
+def resource_sampler(args: argparse.Namespace, base_url: str) -> ResourceSampler:
+    """A sampler of --server-pid's tree, else of the tree listening on the server's port if it is local."""
+    url = urlsplit(base_url)
+    if args.server_pid is None and url.hostname not in LOCAL_HOSTS:
+        return ResourceSampler([], args.resource_interval, unavailable=f"the server ({url.hostname}) may not "
+                               "be on this machine; pass --server-pid to sample a local one")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    roots, why_not = server_pids(port=port, pid=args.server_pid)
+    return ResourceSampler(roots, args.resource_interval, unavailable=why_not)
+
+
 async def run_requests(
-    args: argparse.Namespace, inputs: list[RequestInput], offsets: list[float]
+    args: argparse.Namespace, inputs: list[RequestInput], offsets: list[float], sampler: ResourceSampler
 ) -> tuple[list[RequestOutcome], float]:
-    """Send the warm-ups, then every request at its arrival offset; (outcomes, duration in s)."""
+    """Send the warm-ups, then every request at its arrival offset, sampling the server's resources
+    meanwhile; (outcomes, duration in s)."""
     request_func = REQUEST_FUNCS[args.backend]
 
     def limiter() -> contextlib.AbstractAsyncContextManager[Any]:
@@ -160,14 +187,15 @@ async def run_requests(
         pbar = None if args.disable_tqdm else tqdm(total=len(inputs))
         slots = limiter()
         tasks = []
-        start = time.perf_counter()
-        for request, offset in zip(inputs, offsets):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(request, slots, pbar)))
-        outcomes = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
+        with sampler:
+            start = time.perf_counter()
+            for request, offset in zip(inputs, offsets):
+                delay = start + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(send(request, slots, pbar)))
+            outcomes = await asyncio.gather(*tasks)
+            duration = time.perf_counter() - start
         if pbar is not None:
             pbar.close()
         return list(outcomes), duration
@@ -220,9 +248,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Maximum request concurrency: {args.max_concurrency}")
 
     # Everything allocated so far lives to the end; keep the collector from rescanning it mid-run.
+    sampler = resource_sampler(args, base_url)
     gc.collect()
     gc.freeze()
-    outcomes, duration = asyncio.run(run_requests(args, inputs, offsets))
+    outcomes, duration = asyncio.run(run_requests(args, inputs, offsets, sampler))
 
     failures = [o for o in outcomes if not o.success]
     if failures:
@@ -231,6 +260,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"Error {i}: {failure.error}")
     metrics = calculate_metrics(outcomes, duration, tokenizer, percentile_metrics, percentiles, goodput)
     print(format_report(metrics, duration, args.max_concurrency, args.request_rate))
+    resources, errors = sampler.summary(), error_summary(outcomes)
+    print(format_resources(resources))
+    print(format_errors(errors))
+    print("=" * 50)
 
     date = datetime.now().strftime("%Y%m%d-%H%M%S")
     result: dict[str, Any] = {
@@ -247,6 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "json_schema_path": str(args.json_schema_path) if args.json_schema_path else None,
         "structured_output_ratio": args.structured_output_ratio if args.json_schema_path else None,
         **result_dict(metrics, outcomes, duration),
+        "resources": resources,
+        "error_summary": errors,
         "environment": collect_environment(fetch_server_info(base_url, auth_headers())),
     }
     concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""

@@ -219,14 +219,23 @@ def _percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
+def table_row(label: str, value: float | int | str, fmt: str = "") -> str:
+    """One line of the printed table: the label padded to 40 columns, then the value."""
+    return ("{:<40} {:<10" + fmt + "}").format(label, value)
+
+
+def table_header(title: str, fill: str = "-") -> str:
+    return "{s:{c}^{n}}".format(s=title, n=50, c=fill)
+
+
 def format_report(
     metrics: BenchmarkMetrics, duration_s: float, max_concurrency: int | None, request_rate: float
 ) -> str:
     """The table `vllm bench serve` prints, line for line."""
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+    lines = [table_header(" Serving Benchmark Result ", "=")]
 
     def row(label: str, value: float | int, fmt: str = "") -> None:
-        lines.append(("{:<40} {:<10" + fmt + "}").format(label, value))
+        lines.append(table_row(label, value, fmt))
 
     row("Successful requests:", metrics.completed)
     row("Failed requests:", metrics.failed)
@@ -246,7 +255,7 @@ def format_report(
     row("Total token throughput (tok/s):", metrics.total_token_throughput, ".2f")
     for name, stats in metrics.stats.items():
         short, header = PERCENTILE_METRICS[name]
-        lines.append("{s:{c}^{n}}".format(s=header, n=50, c="-"))
+        lines.append(table_header(header))
         row(f"Mean {short} (ms):", stats.mean_ms, ".2f")
         row(f"Median {short} (ms):", stats.median_ms, ".2f")
         for p, value in stats.percentiles_ms:

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from rapid_llm import LLM, SamplingParams
-from rapid_llm.ops.cpu_half import cpu_lacks_half_kernels
-from rapid_llm.ops.registry import REGISTRY
 from tests.e2e.server import wait_gone
 from tests.hf_reference import hf_greedy, hf_model
+from tests.op_pins import ALL_REFERENCE, BF16_PINNED
 
 NEW_TOKENS = 24
 PROMPT_LENGTHS = (5, 13, 29, 40)
@@ -30,7 +29,6 @@ def expected(checkpoint, prompts) -> list[list[int]]:
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-ALL_REFERENCE = {"op_backend": ",".join(f"{op}=torch_ref" for op in REGISTRY.backends())}
 SCHEDULES = {
     "async-default": {},
     "lock-step": {"disable_async_scheduling": True},
@@ -65,13 +63,6 @@ def test_greedy_tokens_match_transformers(checkpoint, prompts, expected, engine_
 def _generate(checkpoint, prompts, engine_args: dict) -> list[list[int]]:
     with LLM(model=str(checkpoint), **{"num_kv_blocks": 128, **engine_args}) as llm:
         return [o.token_ids for o in llm.generate(prompts, GREEDY)]
-
-
-# Pinned to the reference on both sides of the bf16 comparison: attention (the C++ kernel keeps probabilities
-# in fp32 where SDPA rounds them to bf16, so near-tied logits of this random model may flip; its golden is the
-# fp32 test above, its bf16 accuracy tests/kernels/test_attention_cpu_paged.py) and, on CPUs without native
-# bf16 kernels, linear (cpu_fp32 sums in another order than F.linear's bf16 path; tests/unit/test_op_registry.py).
-BF16_PINNED = "attention=torch_ref" + (",linear=torch_ref" if cpu_lacks_half_kernels(torch.bfloat16) else "")
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

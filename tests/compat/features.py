@@ -1,0 +1,106 @@
+"""The engine's feature flags for the compatibility matrix, in one place: FEATURES and UNSUPPORTED.
+
+Each feature has an "off" and an "on" setting (engine arguments of `LLM(...)`, and request fields
+where a feature is a request-level one) and, where the setting could silently not take effect, the
+evidence a run must show. A new feature (ops backends, CUDA graphs, quantization, speculative
+decoding, parallelism) adds one `Feature` here, and one `Unsupported` per combination it cannot
+run with; the harness, the CI subset and docs/compatibility.md pick it up from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from rapid_llm.ipc.messages import TokenLogprobs
+from tests.op_pins import BF16_PINNED
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """What one cell's engine produced: both passes over the prompts (tokens and top logprobs, in prompt
+    order), and the engine's log."""
+
+    first_pass: list[list[int]]
+    second_pass: list[list[int]]
+    first_logprobs: list[list[TokenLogprobs | None]]
+    second_logprobs: list[list[TokenLogprobs | None]]
+    # Prompt tokens served from the prefix cache in the second pass (the first filled it).
+    cached_tokens_second_pass: int
+    log: str
+
+
+# (run, whether the feature was on) -> why the run shows the setting did not take effect, or None.
+Evidence = Callable[[CellRun, bool], "str | None"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    label: str
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    # SamplingParams fields over the harness's greedy ones, for request-level features.
+    request: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    title: str
+    off: Setting
+    on: Setting
+    evidence: Evidence | None = None
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A combination the engine refuses by design: every feature in `features` on, and `applies()`."""
+
+    features: frozenset[str]
+    reason: str
+    applies: Callable[[], bool] = lambda: True
+
+
+def _prefix_cache_used(run: CellRun, on: bool) -> str | None:
+    """the second pass reuses cached prompt tokens when on, none when off"""
+    if on and run.cached_tokens_second_pass == 0:
+        return "prefix caching is on, yet the second pass over the same prompts reused no cached token"
+    if not on and run.cached_tokens_second_pass:
+        return f"prefix caching is off, yet {run.cached_tokens_second_pass} prompt tokens came from the cache"
+    return None
+
+
+def _preempted(run: CellRun, on: bool) -> str | None:
+    """the engine logs a preemption when on, none when off"""
+    happened = "preempted request" in run.log
+    if on and not happened:
+        return "preemption pressure is on, yet no request was preempted (the KV cache was not tight enough)"
+    if not on and happened:
+        return "a request was preempted with a KV cache sized to need no preemption"
+    return None
+
+
+# The prompts (tests/compat/harness.py) are 5-40 tokens with 24 new tokens each: a budget of 8 tokens
+# chunks every prompt but the shortest, 256 fits all four prompts in one step; 20 blocks of 4 tokens
+# hold 80 tokens, under the ~180 the four requests need at once.
+FEATURES: tuple[Feature, ...] = (
+    Feature("async_scheduling", "async scheduling",
+            off=Setting("off", {"disable_async_scheduling": True}),
+            on=Setting("on", {"disable_async_scheduling": False})),
+    Feature("chunked_prefill", "chunked prefill",
+            off=Setting("off", {"max_num_batched_tokens": 256}),
+            on=Setting("on", {"max_num_batched_tokens": 8})),
+    Feature("prefix_caching", "prefix caching",
+            off=Setting("off", {"enable_prefix_caching": False}),
+            on=Setting("on", {"enable_prefix_caching": True}),
+            evidence=_prefix_cache_used),
+    Feature("preemption", "preemption pressure",
+            off=Setting("off", {"num_kv_blocks": 128}),
+            on=Setting("on", {"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80}),
+            evidence=_preempted),
+    Feature("dtype", "dtype",
+            off=Setting("float32", {"dtype": "float32"}),
+            on=Setting("bfloat16", {"dtype": "bfloat16", "op_backend": BF16_PINNED})),
+)
+
+# None today: every combination of the features above is meant to work.
+UNSUPPORTED: tuple[Unsupported, ...] = ()

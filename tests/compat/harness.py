@@ -1,0 +1,226 @@
+"""The compatibility harness: the golden greedy test run once per combination of feature settings.
+
+A combination names the features that are on (the rest are off): the baseline (none), each feature
+alone, every pair, and all on -- so every pair of values of any two features is run, with everything
+else off. A cell starts the offline `LLM` with the combination's settings, generates greedy tokens for
+the prompts twice (the second pass, in reverse order, finds the first's most recent blocks in the
+prefix cache) and compares both passes with the reference of the cell's dtype, then checks each
+feature's evidence. float32's reference is transformers, matched exactly. bfloat16's is the engine with
+every feature off and every op on its torch reference (transformers rounds bf16 in another order,
+tests/op_pins.py); a bf16 output may part from it only at a tie at bf16 precision (NEAR_TIE_NATS), as
+another batch shape (a chunked prefill) rounds differently. The engine's stderr (its children's too)
+is captured for evidence and reasons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from rapid_llm import LLM, SamplingParams
+from rapid_llm.ipc.messages import TokenLogprobs
+from tests.compat.features import FEATURES, UNSUPPORTED, CellRun, Feature, Unsupported
+from tests.hf_reference import hf_greedy, hf_model
+from tests.op_pins import ALL_REFERENCE
+
+NEW_TOKENS = 24
+PROMPT_LENGTHS = (5, 13, 29, 40)
+BASE_ENGINE_ARGS = {"log_level": "warning"}
+TOP_LOGPROBS = 3
+# One bf16 rounding step of a logit between 8 and 16 (7 stored mantissa bits: 8 * 2**-7); measured: a chunked
+# bf16 prefill picks token 161 over 93 at -3.356 vs -3.387 where the unchunked reference has them both at -3.354.
+NEAR_TIE_NATS = 0.0625
+
+Combination = tuple[str, ...]  # the names of the features that are on, in FEATURES order
+
+
+def prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(11)
+    return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+def combinations(features: Sequence[Feature] = FEATURES) -> list[Combination]:
+    """Baseline, each feature alone, every pair, then all on (when that is not already a pair)."""
+    names = [feature.name for feature in features]
+    result: list[Combination] = [(), *((name,) for name in names), *itertools.combinations(names, 2)]
+    if len(names) > 2:
+        result.append(tuple(names))
+    return result
+
+
+def settings(combination: Combination, features: Sequence[Feature] = FEATURES) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(engine args, request fields) of a combination; two features setting one argument differently is
+    an error in the feature table."""
+    unknown = set(combination) - {feature.name for feature in features}
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {[f.name for f in features]}")
+    engine_args: dict[str, Any] = dict(BASE_ENGINE_ARGS)
+    request: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for feature in features:
+        setting = feature.on if feature.name in combination else feature.off
+        for target, values in ((engine_args, setting.engine_args), (request, setting.request)):
+            for key, value in values.items():
+                if key in owner and target[key] != value:
+                    raise ValueError(f"features {owner[key]} and {feature.name} both set {key} "
+                                     f"({target[key]!r} vs {value!r}); give it to one of them")
+                target[key], owner[key] = value, feature.name
+    return engine_args, request
+
+
+def unsupported_reason(combination: Combination, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> str | None:
+    for entry in unsupported:
+        if entry.features <= set(combination) and entry.applies():
+            return entry.reason
+    return None
+
+
+@dataclass(frozen=True)
+class CellResult:
+    combination: Combination
+    status: str  # "passed", "failed" or "unsupported"
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[Path]:
+    """Point file descriptor 2 at a temporary file (children started meanwhile inherit it)."""
+    with tempfile.NamedTemporaryFile("w+b", prefix="rapid_llm-compat-", suffix=".log") as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield Path(log.name)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def greedy(request: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(**{"temperature": 0.0, "max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS,
+                             "logprobs": TOP_LOGPROBS, **request})
+
+
+def generate_twice(checkpoint: Path, prompt_ids: list[list[int]], engine_args: dict[str, Any],
+                   request: dict[str, Any]) -> CellRun:
+    with captured_stderr() as log_path:
+        with LLM(model=str(checkpoint), **engine_args) as llm:
+            first = llm.generate(prompt_ids, greedy(request))
+            second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
+        log = log_path.read_text(errors="replace")
+    return CellRun([o.token_ids for o in first], [o.token_ids for o in second],
+                   [o.outputs[0].logprobs for o in first], [o.outputs[0].logprobs for o in second],
+                   sum(o.num_cached_tokens for o in second), log)
+
+
+@dataclass(frozen=True)
+class Reference:
+    tokens: list[list[int]]
+    # Top logprobs per output token where ties are tolerated (None: the tokens must match exactly).
+    logprobs: list[list[TokenLogprobs | None]] | None
+
+
+class References:
+    """The reference per dtype, computed on first use (see the module docstring for which)."""
+
+    def __init__(self, checkpoint: Path, prompt_ids: list[list[int]]) -> None:
+        self.checkpoint = checkpoint
+        self.prompt_ids = prompt_ids
+        self._references: dict[str, Reference] = {}
+
+    def get(self, dtype: str) -> Reference:
+        if dtype not in self._references:
+            if dtype == "float32":
+                model = hf_model(self.checkpoint, torch.float32)
+                self._references[dtype] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
+            else:
+                engine_args, _ = settings(())
+                engine_args.update(dtype=dtype, **ALL_REFERENCE)
+                run = generate_twice(self.checkpoint, self.prompt_ids, engine_args, {})
+                self._references[dtype] = Reference(run.first_pass, run.first_logprobs)
+        return self._references[dtype]
+
+
+def _logprob(entry: TokenLogprobs | None, token: int) -> float | None:
+    return None if entry is None else dict(zip(entry.top_token_ids, entry.top_logprobs)).get(token)
+
+
+def _near_tie(ours: TokenLogprobs | None, theirs: TokenLogprobs | None, our_token: int, their_token: int) -> bool:
+    """Each side ranks the other's token within NEAR_TIE_NATS of its own choice."""
+    gaps = [(_logprob(entry, chosen), _logprob(entry, other))
+            for entry, chosen, other in ((ours, our_token, their_token), (theirs, their_token, our_token))]
+    return all(a is not None and b is not None and a - b <= NEAR_TIE_NATS for a, b in gaps)
+
+
+def compare(tokens: list[list[int]], logprobs: list[list[TokenLogprobs | None]],
+            reference: Reference) -> tuple[str | None, list[str]]:
+    """(the first mismatch, or None; the near ties where the output parted from a tolerant reference)."""
+    ties = []
+    for index, (got, want) in enumerate(zip(tokens, reference.tokens)):
+        if got == want:
+            continue
+        position = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        where = (f"prompt {index} ({PROMPT_LENGTHS[index]} tokens): output token {position} is "
+                 f"{got[position] if position < len(got) else 'missing'}, the reference's "
+                 f"{want[position] if position < len(want) else 'missing'}")
+        if (reference.logprobs is not None and position < min(len(got), len(want))
+                and _near_tie(logprobs[index][position], reference.logprobs[index][position], got[position],
+                              want[position])):
+            ties.append(where)
+            continue
+        return where, ties
+    return None, ties
+
+
+def run_cell(checkpoint: Path, combination: Combination, references: References,
+             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
+    """Run one combination; a declared-unsupported one is not started."""
+    reason = unsupported_reason(combination, unsupported)
+    if reason is not None:
+        return CellResult(combination, "unsupported", reason)
+    started = time.perf_counter()
+    engine_args, request = settings(combination, features)
+    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
+    expected = references.get(engine_args.get("dtype", "float32"))
+    try:
+        run = generate_twice(checkpoint, references.prompt_ids, engine_args, request)
+    except Exception as error:  # the engine refused or crashed: the cell failed, and says how
+        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                          time.perf_counter() - started)
+    problems, ties = [], []
+    for name, tokens, logprobs in (("first pass", run.first_pass, run.first_logprobs),
+                                   ("second pass", run.second_pass, run.second_logprobs)):
+        mismatch, pass_ties = compare(tokens, logprobs, expected)
+        if mismatch is not None:
+            problems.append(f"{name}: {mismatch}")
+        ties += [f"{name}: {tie}" for tie in pass_ties]
+    for feature in features:
+        if feature.evidence is not None and (missing := feature.evidence(run, feature.name in combination)):
+            problems.append(missing)
+    seconds = time.perf_counter() - started
+    if problems:
+        return CellResult(combination, "failed", "; ".join(problems), seconds)
+    note = f"parted from the reference only at ties at {engine_args.get('dtype')} precision: " if ties else ""
+    return CellResult(combination, "passed", note + "; ".join(ties), seconds)
+
+
+def run_matrix(checkpoint: Path, selected: Sequence[Combination] | None = None,
+               features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED,
+               progress: bool = False) -> list[CellResult]:
+    references = References(checkpoint, prompts())
+    results = []
+    for combination in selected if selected is not None else combinations(features):
+        result = run_cell(checkpoint, combination, references, features, unsupported)
+        if progress:
+            print(f"{'+'.join(combination) or 'baseline'}: {result.status} ({result.seconds:.1f} s) {result.reason}",
+                  flush=True)
+        results.append(result)
+    return results

@@ -1,0 +1,108 @@
+"""The compatibility matrix's CI subset, and the harness failing what is broken.
+
+A few float32 cells run here (the full matrix: `python -m tests.compat.matrix --write docs/compatibility.md`);
+a made-up feature that samples instead of decoding greedily must come out as a failed cell, a declared
+unsupported combination as unsupported without an engine, and docs/compatibility.md must cover every
+pair of today's features and all on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.compat.features import FEATURES, Feature, Setting, Unsupported
+from rapid_llm.ipc.messages import TokenLogprobs
+from tests.compat.harness import (NEAR_TIE_NATS, CellResult, Reference, References, combinations, compare, prompts,
+                                  run_cell, run_matrix, settings)
+from tests.compat.report import GENERATED_MARK, pair_label, render
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Two pairs, chosen so each of today's float32 features is on in one of them.
+CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption")]
+FACTS = {"commit": "test", "device": "cpu", "date": "today"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint("LlamaForCausalLM")
+
+
+@pytest.fixture(scope="module")
+def references(checkpoint) -> References:
+    return References(checkpoint, prompts())
+
+
+def test_ci_subset_passes(checkpoint) -> None:
+    results = run_matrix(checkpoint, CI_SUBSET)
+    assert [(r.combination, r.status, r.reason) for r in results] == [(c, "passed", "") for c in CI_SUBSET]
+
+
+def test_a_broken_combination_is_a_failed_cell(checkpoint, references) -> None:
+    broken = Feature("sampled", "sampling instead of greedy", off=Setting("off"),
+                     on=Setting("on", request={"temperature": 1.0, "seed": 3}))
+    features = (*FEATURES, broken)
+    result = run_cell(checkpoint, ("chunked_prefill", "sampled"), references, features)
+    assert result.status == "failed"
+    assert result.reason.startswith("first pass: prompt ") and "the reference's" in result.reason, result.reason
+    page = render([result], FACTS, features)
+    assert "**failed** [1]" in page and "1. chunked prefill + sampling instead of greedy: failed: first pass" in page
+
+
+def test_an_engine_that_refuses_the_settings_is_a_failed_cell_with_the_cause(checkpoint, references) -> None:
+    refusing = Feature("no_slots", "no request slots", off=Setting("off"), on=Setting("on", {"max_num_seqs": 0}))
+    result = run_cell(checkpoint, ("no_slots",), references, (*FEATURES, refusing))
+    assert result == CellResult(("no_slots",), "failed", "ValueError: --max-num-seqs must be at least 1, got 0",
+                                result.seconds)
+
+
+def test_declared_unsupported_combinations_are_not_run(checkpoint) -> None:
+    declared = (Unsupported(frozenset({"chunked_prefill", "preemption"}), "made up for the test"),)
+    results = run_matrix(Path("/nonexistent"), [("chunked_prefill", "preemption", "dtype")], unsupported=declared)
+    assert [(r.status, r.reason) for r in results] == [("unsupported", "made up for the test")]
+    assert "unsupported [1]" in render(results, FACTS)
+
+
+def test_two_features_setting_one_argument_differently_is_refused() -> None:
+    clash = Feature("clash", "clash", off=Setting("off"), on=Setting("on", {"max_num_batched_tokens": 64}))
+    with pytest.raises(ValueError, match="chunked_prefill and clash both set max_num_batched_tokens"):
+        settings(("clash",), (*FEATURES, clash))
+    with pytest.raises(ValueError, match="unknown features"):
+        settings(("nope",))
+
+
+def test_the_combinations_are_baseline_singles_pairs_and_all_on() -> None:
+    runs = combinations()
+    names = [feature.name for feature in FEATURES]
+    assert runs[0] == () and runs[-1] == tuple(names)
+    assert len(runs) == len(set(runs)) == 1 + len(names) + len(names) * (len(names) - 1) // 2 + 1
+
+
+def test_the_page_is_generated_and_covers_every_pair_and_all_on() -> None:
+    page = (REPO_ROOT / "docs" / "compatibility.md").read_text()
+    assert page.startswith(GENERATED_MARK)
+    for i, first in enumerate(FEATURES):
+        for second in FEATURES[i + 1:]:
+            for first_on in (False, True):
+                for second_on in (False, True):
+                    assert f"| {pair_label(first, first_on, second, second_on)} |" in page, (first.name, second.name)
+    assert "\nAll on: " in page and "not run" not in page
+
+
+def _top(*pairs: tuple[int, float]) -> TokenLogprobs:
+    return TokenLogprobs(pairs[0][1], [token for token, _ in pairs], [logprob for _, logprob in pairs])
+
+
+@pytest.mark.parametrize(("ours", "tolerant", "accepted"), [
+    (_top((161, -3.356), (93, -3.387)), True, True),  # the measured bf16 chunked-prefill tie
+    (_top((161, -3.0), (93, -3.0 - 2 * NEAR_TIE_NATS)), True, False),  # a clear preference: a real difference
+    (_top((161, -3.356)), True, False),  # the reference's token is not even in our top logprobs
+    (_top((161, -3.356), (93, -3.387)), False, False),  # float32's reference must match exactly
+])
+def test_outputs_may_part_from_a_tolerant_reference_only_at_a_tie(ours, tolerant: bool, accepted: bool) -> None:
+    theirs = _top((93, -3.354), (161, -3.354))
+    reference = Reference([[5, 93, 7], [1, 2]], [[None, theirs, None], [None, None]] if tolerant else None)
+    mismatch, ties = compare([[5, 161, 8], [1, 2]], [[None, ours, None], [None, None]], reference)
+    where = "prompt 0 (5 tokens): output token 1 is 161, the reference's 93"
+    assert (mismatch, ties) == ((None, [where]) if accepted else (where, []))
