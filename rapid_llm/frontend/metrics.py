@@ -58,6 +58,10 @@ class _SchedulerCounters(Collector):
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", self.stats.prefix_cache_hits),
             ("num_preemptions", "Requests preempted (to be recomputed) when the KV cache was full.",
              self.stats.num_preemptions),
+            ("spec_decode_num_drafts", "Draft sequences verified (speculative decoding).",
+             self.stats.spec_decode_num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", self.stats.spec_decode_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", self.stats.spec_decode_num_accepted_tokens),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
