@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (
-    BeamSequence,
     BlockCopy,
     DetokenizeRequest,
     GenerateRequest,
@@ -359,24 +358,28 @@ class Scheduler:
             if request.beam is not None:
                 beam_rounds.setdefault(request, {})[slot] = result.logprobs[index] if result.logprobs else None
                 continue
-            speculated = bool(request.draft_token_ids) and self._speculation is not None
-            if speculated:
-                tokens = self._speculation.verified(request, result.num_accepted[index] if result.num_accepted
-                                                    else 0, token_id, self._blocks)
+            if request.draft_token_ids and self._speculation is not None:
+                if not result.num_accepted:
+                    raise ValueError(f"step {result.step_id}: slot {slot} verified drafts but no num_accepted came back")
+                self._add_tokens(request, self._speculation.verified(request, result.num_accepted[index], token_id,
+                                                                     self._blocks), None)
+                if not request.is_finished:
+                    self._rollbacks[slot] = Speculation.rollback(request)
             else:
-                tokens = [token_id]
-            for token in tokens:
-                request.add_sampled_token(token, result.logprobs[index] if result.logprobs else None)
-                self._register_full_blocks(request)
-                self._updated[request] = None
-                finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
-                if finish is not None:
-                    self._finish(request, *finish)
-                    break
-            if speculated and not request.is_finished:
-                self._rollbacks[slot] = Speculation.rollback(request)
+                self._add_tokens(request, [token_id], result.logprobs[index] if result.logprobs else None)
         for request, by_slot in beam_rounds.items():
             self._advance_beams(request, by_slot)
+
+    def _add_tokens(self, request: RequestState, token_ids: list[int], logprobs: TokenLogprobs | None) -> None:
+        """Append sampled tokens (several after verified drafts) until one finishes the request."""
+        for token_id in token_ids:
+            request.add_sampled_token(token_id, logprobs)
+            self._register_full_blocks(request)
+            self._updated[request] = None
+            finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
+            if finish is not None:
+                self._finish(request, *finish)
+                return
 
     def _advance_beams(self, request: RequestState, by_slot: dict[int, TokenLogprobs | None]) -> None:
         """One round of a beam group's results: rank, fork the next beams, or finish with the best."""
@@ -390,19 +393,10 @@ class Scheduler:
                 request.first_token_at = time.monotonic()
             group.start(request.slot, request.block_ids, request.num_computed_tokens)
             request.slot, request.block_ids = None, []
-        group.in_flight = False
-        candidates = []
-        for beam in group.beams:
-            logprobs = by_slot.get(beam.slot)
-            if logprobs is None:
-                raise ValueError(f"request {request.request_id}: beam in slot {beam.slot} got no top logprobs")
-            candidates.append(list(zip(logprobs.top_token_ids, logprobs.top_logprobs)))
-        self._released_slots.extend(group.advance(candidates, self._blocks, self.config.block_size))
+        self._released_slots.extend(group.advance_round(request.request_id, by_slot, self._blocks,
+                                                        self.config.block_size))
         if group.search.done:
-            request.beam_outputs = [
-                BeamSequence(h.token_ids, float(h.cumulative_logprob), float(h.score), h.finish_reason, h.stop_reason)
-                for h in group.search.best()]
-            # Never empty: every way a search ends has kept at least one hypothesis (beam_search.py).
+            request.beam_outputs = group.best_sequences()
             best = request.beam_outputs[0]
             self._finish(request, best.finish_reason, best.stop_reason)
 
