@@ -2,8 +2,9 @@
 
 The longest match within [prompt_lookup_min, prompt_lookup_max] wins, the latest occurrence among equally
 long ones (recent text predicts best); the drafts are the tokens that followed it. One backward scan per
-request in plain Python (the scheduler imports no numpy or torch): only positions whose token equals the
-context's last token are compared further, and a match of the maximum length stops the scan.
+request in plain Python (torch-free, over the token list the scheduler keeps, without copying it into an
+array every step): only positions whose token equals the context's last token are compared further, and a
+match of the maximum length stops the scan.
 """
 
 from __future__ import annotations
