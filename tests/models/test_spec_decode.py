@@ -14,6 +14,7 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling.params import StructuredOutputsParams
 from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_model
@@ -57,12 +58,14 @@ def demo():
 
 
 def _hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    """Plain argmax continuation (EOS not special, as ignore_eos)."""
-    tokens = list(prompt)
+    """Plain argmax continuation with transformers' KV cache (EOS not special, as ignore_eos)."""
+    tokens: list[int] = []
     with torch.inference_mode():
+        out = model(torch.tensor([list(prompt)]), use_cache=True)
         for _ in range(new_tokens):
-            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
-    return tokens[len(prompt):]
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([tokens[-1:]]), cache=out.past_key_values, use_cache=True)
+    return tokens
 
 
 def _serve(runner: ModelRunner, prompts: list[list[int]], params: SamplingParams, speculative, mode: str):
@@ -95,6 +98,8 @@ def test_greedy_tokens_with_speculation_equal_transformers(model: str, mode: str
         assert stats.spec_decode_num_accepted_tokens > 0
     if mode == "preemption":
         assert stats.num_preemptions > 0
+    if MODES[mode][0].get("enable_prefix_caching", True):
+        assert stats.prefix_cache_hits > 0
     if mode == "async-overlap" and model == "tiny":
         off, _ = _serve(runner, prompts, GREEDY, None, mode)
         assert off == tokens
@@ -108,3 +113,26 @@ def test_seeded_sampling_draws_the_same_tokens_with_speculation_on_and_off(demo)
     off, _ = _serve(runner, prompts, params, None, "async-overlap")
     assert first == second == off
     assert stats.spec_decode_num_accepted_tokens > 0
+
+
+def test_rows_that_do_not_speculate_share_verification_steps_unchanged(demo) -> None:
+    """Logprobs, penalties, logit_bias, min_tokens and structured output rows beside speculating ones: every
+    request's tokens (and logprobs) equal a run without speculation."""
+    runner, _, prompts = demo
+    greedy = dict(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = [SamplingParams(**greedy), SamplingParams(**greedy, logprobs=2),
+              SamplingParams(**greedy, repetition_penalty=1.3), SamplingParams(**greedy, logit_bias={13: 2.0}),
+              SamplingParams(**greedy, min_tokens=5),
+              SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                             structured_outputs=StructuredOutputsParams(regex="(def|for) [a-z]+")),
+              SamplingParams(temperature=0.9, seed=3, max_tokens=MAX_TOKENS, ignore_eos=True)]
+    batch = [prompts[i % len(prompts)] for i in range(len(params))]
+    runs = []
+    for speculative in (NGRAM, None):
+        engine = Engine(runner, speculative=speculative)
+        requests = [GenerateRequest(f"r{i}", prompt, p) for i, (prompt, p) in enumerate(zip(batch, params))]
+        outcomes = engine.serve(requests, depth=2, overlap=True)
+        runs.append((outcomes, engine.scheduler.stats()))
+    (on, stats), (off, _) = runs
+    assert stats.spec_decode_num_accepted_tokens > 0 and stats.kv_blocks_used == 0
+    assert {rid: o["token_ids"] for rid, o in on.items()} == {rid: o["token_ids"] for rid, o in off.items()}
