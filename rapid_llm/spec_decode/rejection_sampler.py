@@ -44,11 +44,11 @@ def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, dra
     num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     rows = torch.arange(num_rows, device=draft_tokens.device)
     target = target_probs[rows, num_accepted]
-    # The bonus position (all accepted, or a row's padding reached) draws from p itself.
-    rejected = num_accepted < num_drafts
-    rejected &= ~padded.gather(1, num_accepted.clamp(max=max(num_drafts - 1, 0)).unsqueeze(1)).squeeze(1)
     if num_drafts:
-        draft = draft_probs[rows, num_accepted.clamp(max=num_drafts - 1)]
+        # The bonus position (all accepted, or a row's padding reached) draws from p itself.
+        position = num_accepted.clamp(max=num_drafts - 1)
+        rejected = (num_accepted < num_drafts) & ~padded.gather(1, position.unsqueeze(1)).squeeze(1)
+        draft = draft_probs[rows, position]
         residual = (target - draft).clamp(min=0)
         # A zero residual (p == q) cannot be rejected from; p keeps the draw well defined regardless.
         usable = rejected & (residual.sum(dim=1) > 0)

@@ -90,3 +90,10 @@ def test_draft_probability_path_with_padding_draws_the_bonus_from_the_row_end() 
                                             torch.zeros(1, 4))
     # The one real draft matches p's certain token; position 1 is the bonus, p puts all its mass on 3.
     assert num_accepted.tolist() == [1] and tokens.tolist() == [3]
+
+
+def test_draft_probability_path_without_drafts_samples_the_bonus() -> None:
+    target = torch.tensor([[[0.0, 1.0, 0.0]]])
+    num_accepted, tokens = rejection_sample(target, torch.zeros(1, 0, dtype=torch.int64), torch.zeros(1, 0, 3),
+                                            torch.zeros(1, 0), torch.zeros(1, 3))
+    assert num_accepted.tolist() == [0] and tokens.tolist() == [1]
