@@ -360,7 +360,8 @@ class Scheduler:
                 continue
             if request.draft_token_ids and self._speculation is not None:
                 if not result.num_accepted:
-                    raise ValueError(f"step {result.step_id}: slot {slot} verified drafts but no num_accepted came back")
+                    raise ValueError(f"step {result.step_id}: slot {slot} verified drafts, but no num_accepted "
+                                     "came back")
                 self._add_tokens(request, self._speculation.verified(request, result.num_accepted[index], token_id,
                                                                      self._blocks), None)
                 if not request.is_finished:

@@ -122,7 +122,8 @@ class InputBatch:
             values.extend(tokens)
             self.num_tokens[slot] = start + len(tokens)
         if values:
-            row, column, value = to_device([torch.tensor(rows, dtype=torch.int64), torch.tensor(columns, dtype=torch.int64),
+            row, column, value = to_device([torch.tensor(rows, dtype=torch.int64),
+                                            torch.tensor(columns, dtype=torch.int64),
                                             torch.tensor(values, dtype=torch.int32)], self.device)
             self.token_pool[row, column] = value
 
