@@ -66,6 +66,12 @@ class _SchedulerCounters(Collector):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        per_position = CounterMetricFamily("rapid_llm:spec_decode_num_accepted_tokens_per_pos",
+                                           "Draft tokens accepted, by position in the draft.",
+                                           labels=["model_name", "position"])
+        for position, value in enumerate(self.stats.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self.model_name, str(position)], value)
+        yield per_position
 
 
 class _WithoutCreated(Collector):

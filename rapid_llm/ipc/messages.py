@@ -264,6 +264,7 @@ class SchedulerStats(_Message):
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
 
 
 class FlushCacheResult(_Message):

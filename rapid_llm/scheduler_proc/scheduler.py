@@ -502,6 +502,7 @@ class Scheduler:
             spec_decode_num_drafts=counters.num_drafts if counters else 0,
             spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
             spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
+            spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
         )
 
     @property

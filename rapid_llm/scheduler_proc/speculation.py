@@ -13,7 +13,7 @@ is never planned while one of its steps is in flight (other requests keep overla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from rapid_llm.config.speculative_config import SpeculativeConfig
@@ -51,6 +51,7 @@ class SpeculationCounters:
     num_drafts: int = 0  # verified draft sequences (one per speculating request and step)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose draft i was accepted
 
 
 class Speculation:
@@ -88,6 +89,10 @@ class Speculation:
         self.counters.num_drafts += 1
         self.counters.num_draft_tokens += len(drafts)
         self.counters.num_accepted_tokens += num_accepted
+        per_position = self.counters.accepted_per_position
+        per_position.extend([0] * (num_accepted - len(per_position)))
+        for position in range(num_accepted):
+            per_position[position] += 1
         request.draft_token_ids = []
         # The accepted drafts become placeholders like the target's token, each replaced as it is appended.
         request.num_placeholders += num_accepted

@@ -183,8 +183,12 @@ def test_outputs_and_accounting_whatever_is_accepted(method: str, depth: int, mo
         assert stats.spec_decode_num_accepted_tokens == 0  # 0 %: every step rolls back all its drafts
     elif method == "mock-right":
         assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens  # 100 %
+        per_position = stats.spec_decode_num_accepted_tokens_per_pos
+        assert len(per_position) == 3 and per_position == sorted(per_position, reverse=True)
     else:
         assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+        assert stats.spec_decode_num_accepted_tokens_per_pos == [stats.spec_decode_num_accepted_tokens]
+    assert sum(stats.spec_decode_num_accepted_tokens_per_pos) == stats.spec_decode_num_accepted_tokens
     # Draft counts differ between requests of one step (1 to 3 drafts, and 0 for prefills).
     assert any(len(counts - {0}) > 1 for counts in worker.draft_counts)
     if mode == "preemption":
