@@ -116,6 +116,10 @@ class ServerArgs:
     enable_torch_compile: bool = field(default=False, metadata={"help": "Compile the model forward of decode "
                                        "steps with torch.compile (inductor); the first steps of each shape "
                                        "compile."})
+    speculative_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "Speculative "
+                                  "decoding as vLLM spells it, a JSON object: {\"method\": \"ngram\", "
+                                  "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4} "
+                                  "(default: off). See docs/spec_decode/README.md."})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
@@ -194,10 +198,16 @@ class ServerArgs:
         from rapid_llm.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
                                       SchedulerConfig)
         from rapid_llm.config.generation_defaults import generation_defaults
+        from rapid_llm.config.speculative_config import SpeculativeConfig
         from rapid_llm.models.registry import check_supported
         from rapid_llm.utils.demo_checkpoint import packaged_demo_name
 
         op_backends = self.op_backends()
+        speculative = SpeculativeConfig.parse(self.speculative_config)
+        if speculative is not None:
+            from rapid_llm.spec_decode.registry import check_method
+
+            check_method(speculative.method)
         device = DeviceConfig(self.device)
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
                                             self.quantization)
@@ -221,6 +231,7 @@ class ServerArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             max_waiting_requests=self.max_waiting_requests,
             watchdog_timeout=self.watchdog_timeout,
+            speculative=speculative,
         )
         return EngineConfig(
             model=model,

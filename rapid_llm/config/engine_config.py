@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from rapid_llm.config.cache_config import CacheConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.device_config import DeviceConfig
@@ -48,4 +50,6 @@ class EngineConfig:
             "enforce_eager": self.compilation.enforce_eager,
             "cuda_graph_max_bs": self.compilation.cuda_graph_max_bs,
             "enable_torch_compile": self.compilation.enable_torch_compile,
+            "speculative_config": (None if self.scheduler.speculative is None
+                                   else msgspec.structs.asdict(self.scheduler.speculative)),
         }

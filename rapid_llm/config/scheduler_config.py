@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from rapid_llm.config.speculative_config import SpeculativeConfig
+
 # As SGLang's --watchdog-timeout: long enough for one big prefill step on a CPU.
 DEFAULT_WATCHDOG_TIMEOUT_S = 300.0
 
@@ -16,7 +18,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
     `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
     a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
-    stay unanswered before the engine is reported stuck.
+    stay unanswered before the engine is reported stuck. `speculative` turns speculative decoding on
+    (docs/spec_decode/README.md).
     """
 
     max_model_len: int
@@ -30,6 +33,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     enable_prefix_caching: bool = True
     max_waiting_requests: int | None = None
     watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.

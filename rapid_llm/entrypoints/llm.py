@@ -7,7 +7,8 @@ SamplingParams are used as given. `shutdown()` (or leaving a `with` block, or in
 A choice the engine ends with an error (refused, or failed in the worker) does not raise: it ends
 with finish_reason "abort" and `CompletionOutput.error` saying why, and the other choices keep
 their results. Beam search: `SamplingParams(use_beam_search=True, ...)` or `beam_search(...)`; its n best
-beams are the prompt's outputs.
+beams are the prompt's outputs. Speculative decoding: `LLM(..., speculative_config={"method": "ngram",
+"num_speculative_tokens": 3})`, the dict form of `--speculative-config`.
 """
 
 from __future__ import annotations

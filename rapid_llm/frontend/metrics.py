@@ -58,10 +58,20 @@ class _SchedulerCounters(Collector):
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", self.stats.prefix_cache_hits),
             ("num_preemptions", "Requests preempted (to be recomputed) when the KV cache was full.",
              self.stats.num_preemptions),
+            ("spec_decode_num_drafts", "Draft sequences verified (speculative decoding).",
+             self.stats.spec_decode_num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", self.stats.spec_decode_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", self.stats.spec_decode_num_accepted_tokens),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        per_position = CounterMetricFamily("rapid_llm:spec_decode_num_accepted_tokens_per_pos",
+                                           "Draft tokens accepted, by position in the draft.",
+                                           labels=["model_name", "position"])
+        for position, value in enumerate(self.stats.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self.model_name, str(position)], value)
+        yield per_position
 
 
 class _WithoutCreated(Collector):

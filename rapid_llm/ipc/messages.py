@@ -71,7 +71,9 @@ class ScheduledChunk(_Part):
     Both block lists extend the slot's block table, `cached_block_ids` first. `new_block_ids` are
     freshly allocated and must be zeroed before use; `cached_block_ids` are prefix-cache hits (only
     on a request's first chunk after admission) whose KV another request wrote -- or an earlier or
-    this same step is writing -- so they must be left as they are.
+    this same step is writing -- so they must be left as they are. `draft_token_ids` (speculative decoding)
+    are tentative tokens after the request's last known one: the chunk computes that token and the drafts
+    (num_new_tokens = 1 + len(draft_token_ids)) and samples at each of those positions to verify them.
     """
 
     slot: int
@@ -79,6 +81,7 @@ class ScheduledChunk(_Part):
     num_new_tokens: int
     new_block_ids: list[int] = []
     cached_block_ids: list[int] = []
+    draft_token_ids: list[int] = []
 
 
 class BlockCopy(_Part):
@@ -96,9 +99,18 @@ class LastToken(_Part):
     token_id: int
 
 
+class Rollback(_Part):
+    """After a speculative step: the request in `slot` knows `num_tokens` tokens (its rejected drafts are gone)
+    and keeps the first `num_blocks` blocks of its table (the scheduler freed the rest)."""
+
+    slot: int
+    num_tokens: int
+    num_blocks: int
+
+
 class StepPlan(_Message):
-    """Applied in this order: released slots, new requests, last tokens, block tables (new blocks zeroed),
-    block copies, then the forward."""
+    """Applied in this order: rollbacks, released slots, new requests, last tokens, block tables (new blocks
+    zeroed), block copies, then the forward."""
 
     step_id: int
     released_slots: list[int] = []  # finished, aborted or preempted requests
@@ -106,6 +118,7 @@ class StepPlan(_Message):
     scheduled: list[ScheduledChunk] = []
     last_tokens: list[LastToken] = []
     block_copies: list[BlockCopy] = []
+    rollbacks: list[Rollback] = []
 
 
 class Shutdown(_Message):
@@ -151,6 +164,8 @@ class StepResult(_Message):
 
     `failures` lists the scheduled slots the worker skipped because their request failed; the rest
     of the step ran without them. `prompt_logprobs` has one entry per chunk of a request that asked.
+    `num_accepted` (empty when no chunk had drafts) counts, per slot, the drafts the target accepted: the
+    slot's new tokens are those drafts followed by its `token_ids` entry (the correction or bonus token).
     """
 
     step_id: int
@@ -159,6 +174,7 @@ class StepResult(_Message):
     logprobs: list[TokenLogprobs | None] = []
     failures: list[SlotFailure] = []
     prompt_logprobs: list[PromptLogprobs] = []
+    num_accepted: list[int] = []
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -244,6 +260,11 @@ class SchedulerStats(_Message):
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admissions, since start
     prefix_cache_hits: int = 0  # of those, tokens found cached
     num_steps: int = 0  # steps whose result has arrived, since start: the engine's heartbeat
+    # Speculative decoding, since start: verified draft sequences, their tokens, and the tokens accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
 
 
 class FlushCacheResult(_Message):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from rapid_llm.ipc.messages import BlockCopy, LastToken, NewRequest, ScheduledChunk
+from rapid_llm.ipc.messages import BeamSequence, BlockCopy, LastToken, NewRequest, ScheduledChunk, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.beam_search import BeamSearch, Continuation
 from rapid_llm.scheduler_proc.block_manager import BlockManager
@@ -81,6 +81,24 @@ class BeamGroup:
         if self.search.done:
             return []
         return self._fork(running, blocks, block_size)
+
+    def advance_round(self, request_id: str, by_slot: dict[int, TokenLogprobs | None], blocks: BlockManager,
+                      block_size: int) -> list[int]:
+        """`advance` from one step's result: each live beam's top logprobs, by slot."""
+        self.in_flight = False
+        candidates = []
+        for beam in self.beams:
+            logprobs = by_slot.get(beam.slot)
+            if logprobs is None:
+                raise ValueError(f"request {request_id}: beam in slot {beam.slot} got no top logprobs")
+            candidates.append(list(zip(logprobs.top_token_ids, logprobs.top_logprobs)))
+        return self.advance(candidates, blocks, block_size)
+
+    def best_sequences(self) -> list[BeamSequence]:
+        """The finished search's n best beams, best first; never empty: every way a search ends has kept at
+        least one hypothesis (beam_search.py)."""
+        return [BeamSequence(h.token_ids, float(h.cumulative_logprob), float(h.score), h.finish_reason, h.stop_reason)
+                for h in self.search.best()]
 
     def _fork(self, running: list[Continuation], blocks: BlockManager, block_size: int) -> list[int]:
         parents = self.beams

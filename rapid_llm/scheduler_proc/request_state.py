@@ -1,7 +1,8 @@
 """What the scheduler knows about one request: its tokens, KV blocks, slot and unsent output.
 
 Tokens that steps still in flight will sample are counted as placeholders, so a request can be
-planned again before their ids are known. `epoch` changes on every preemption, so a result planned
+planned again before their ids are known; drafts being verified (speculative decoding) count as
+tentative outputs until the result says which were accepted. `epoch` changes on every preemption, so a result planned
 before it can be recognised and dropped. Block hashes depend on the tokens only, so they are
 computed once and survive preemption. Arrival, first admission and first sampled token are
 timestamped here (monotonic clock), for the queue and prefill times of the first update.
@@ -36,6 +37,9 @@ class RequestState:
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.num_placeholders = 0
+        # Drafts a step in flight verifies (they follow the outputs); whether this request may draft at all.
+        self.draft_token_ids: list[int] = []
+        self.speculates = False
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.block_size = block_size
@@ -72,8 +76,8 @@ class RequestState:
 
     @property
     def num_output_tokens(self) -> int:
-        """Outputs including placeholders still being sampled."""
-        return len(self.output_token_ids) + self.num_placeholders
+        """Outputs including placeholders still being sampled and drafts being verified."""
+        return len(self.output_token_ids) + self.num_placeholders + len(self.draft_token_ids)
 
     @property
     def num_known_tokens(self) -> int:
@@ -82,7 +86,8 @@ class RequestState:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus outputs, placeholders included: what the worker will know after in-flight steps."""
+        """Prompt plus outputs, placeholders and drafts included: what the worker will know after in-flight steps
+        (at most, with drafts)."""
         return self.num_prompt_tokens + self.num_output_tokens
 
     @property
@@ -151,6 +156,7 @@ class RequestState:
         """After preemption (blocks and slot already returned): recompute everything from scratch."""
         self.status = RequestStatus.WAITING
         self.num_placeholders = 0
+        self.draft_token_ids = []
         self.num_computed_tokens = 0
         self.block_ids = []
         self.num_registered_blocks = 0

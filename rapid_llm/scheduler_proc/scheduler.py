@@ -6,7 +6,9 @@ sampling slot; results are mapped through that record and land on the right requ
 With prefix caching, a request is admitted with the longest run of cached full blocks that matches
 its tokens and computes only the rest. A beam-search request (`beam_group.py`) is one entry of the
 running list whose W beams share blocks; its next step depends on its result, so it is never planned
-while one of its steps is in flight (other requests keep overlapping).
+while one of its steps is in flight (other requests keep overlapping). With speculative decoding
+(`speculation.py`) a decode chunk also carries drafts, and a speculating request likewise waits for its
+result before its next step.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from dataclasses import dataclass, field
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (
-    BeamSequence,
     BlockCopy,
     DetokenizeRequest,
     GenerateRequest,
     LastToken,
     NewRequest,
+    Rollback,
     ScheduledChunk,
     SchedulerStats,
     StepPlan,
@@ -36,6 +38,7 @@ from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissi
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
+from rapid_llm.scheduler_proc.speculation import Speculation, speculation_blocker
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,8 @@ class Scheduler:
         self._num_steps_done = 0
         self._detokenize_requests: list[DetokenizeRequest] = []
         self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
+        self._speculation = None if config.speculative is None else Speculation(config.speculative)
+        self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -96,6 +101,11 @@ class Scheduler:
         if request.params.use_beam_search:
             max_new_tokens = min(state.max_tokens, self.config.max_model_len - state.num_prompt_tokens)
             state.beam = BeamGroup(request.params, max_new_tokens, self.config.eos_token_ids)
+        if self._speculation is not None:
+            blocker = speculation_blocker(request.params)
+            state.speculates = blocker is None
+            if blocker is not None:
+                logger.debug("request %s decodes without speculation: %s", request.request_id, blocker)
         self._requests[request.request_id] = state
         self._waiting.append(state)
         self._detokenize_requests.append(
@@ -126,6 +136,7 @@ class Scheduler:
             return None
         plan = StepPlan(
             step_id=self._next_step_id,
+            rollbacks=list(self._rollbacks.values()),
             released_slots=self._released_slots,
             new_requests=draft.new_requests,
             scheduled=draft.chunks,
@@ -133,6 +144,7 @@ class Scheduler:
             block_copies=draft.block_copies,
         )
         self._released_slots = []
+        self._rollbacks = {}
         self._inflight.append(_StepRecord(self._next_step_id, draft.samplers))
         self._next_step_id += 1
         return plan
@@ -140,9 +152,11 @@ class Scheduler:
     def _schedule_running(self, draft: _PlanDraft) -> bool:
         """Give each running request its next chunk; returns whether anything was preempted."""
         preempted = False
+        proposals = self._speculation.propose(self._running) if self._speculation is not None else {}
         index = 0
         while index < len(self._running) and draft.budget > 0:
             request = self._running[index]
+            drafts = proposals.get(request, [])[: draft.budget - 1]
             group = request.beam
             if group is not None and (group.in_flight or group.started):
                 # A beam group's next step needs its previous result; each beam decodes one token.
@@ -151,7 +165,10 @@ class Scheduler:
                     continue
                 num_new, num_blocks = len(group.beams), group.num_blocks_needed(self.config.block_size)
             else:
-                num_new = self._num_new_tokens(request, request.num_computed_tokens, draft.budget)
+                # The next step of a speculating request depends on how many of its drafts are accepted.
+                num_new = 0 if request.speculates and request.num_placeholders else (
+                    1 + len(drafts) if drafts else self._num_new_tokens(request, request.num_computed_tokens,
+                                                                         draft.budget))
                 if num_new == 0:
                     index += 1
                     continue
@@ -166,7 +183,7 @@ class Scheduler:
             if group is not None and group.started:
                 self._add_beam_step(draft, request, group)
             else:
-                self._add_chunk(draft, request, num_new)
+                self._add_chunk(draft, request, num_new, drafts=drafts)
             index += 1
         return preempted
 
@@ -217,14 +234,15 @@ class Scheduler:
         return self._blocks.blocks_for_tokens(num_computed + num_new) - num_held
 
     def _add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int,
-                   cached_block_ids: list[int] | None = None) -> None:
+                   cached_block_ids: list[int] | None = None, drafts: list[int] | None = None) -> None:
         if request.slot is None:
             raise RuntimeError(f"request {request.request_id} is scheduled without a slot")
         num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
         new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
-                                           cached_block_ids or []))
+                                           cached_block_ids or [], drafts or []))
+        request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new
         self._register_full_blocks(request)
@@ -340,14 +358,29 @@ class Scheduler:
             if request.beam is not None:
                 beam_rounds.setdefault(request, {})[slot] = result.logprobs[index] if result.logprobs else None
                 continue
-            request.add_sampled_token(token_id, result.logprobs[index] if result.logprobs else None)
+            if request.draft_token_ids and self._speculation is not None:
+                if not result.num_accepted:
+                    raise ValueError(f"step {result.step_id}: slot {slot} verified drafts, but no num_accepted "
+                                     "came back")
+                self._add_tokens(request, self._speculation.verified(request, result.num_accepted[index], token_id,
+                                                                     self._blocks), None)
+                if not request.is_finished:
+                    self._rollbacks[slot] = Speculation.rollback(request)
+            else:
+                self._add_tokens(request, [token_id], result.logprobs[index] if result.logprobs else None)
+        for request, by_slot in beam_rounds.items():
+            self._advance_beams(request, by_slot)
+
+    def _add_tokens(self, request: RequestState, token_ids: list[int], logprobs: TokenLogprobs | None) -> None:
+        """Append sampled tokens (several after verified drafts) until one finishes the request."""
+        for token_id in token_ids:
+            request.add_sampled_token(token_id, logprobs)
             self._register_full_blocks(request)
             self._updated[request] = None
             finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
             if finish is not None:
                 self._finish(request, *finish)
-        for request, by_slot in beam_rounds.items():
-            self._advance_beams(request, by_slot)
+                return
 
     def _advance_beams(self, request: RequestState, by_slot: dict[int, TokenLogprobs | None]) -> None:
         """One round of a beam group's results: rank, fork the next beams, or finish with the best."""
@@ -361,19 +394,10 @@ class Scheduler:
                 request.first_token_at = time.monotonic()
             group.start(request.slot, request.block_ids, request.num_computed_tokens)
             request.slot, request.block_ids = None, []
-        group.in_flight = False
-        candidates = []
-        for beam in group.beams:
-            logprobs = by_slot.get(beam.slot)
-            if logprobs is None:
-                raise ValueError(f"request {request.request_id}: beam in slot {beam.slot} got no top logprobs")
-            candidates.append(list(zip(logprobs.top_token_ids, logprobs.top_logprobs)))
-        self._released_slots.extend(group.advance(candidates, self._blocks, self.config.block_size))
+        self._released_slots.extend(group.advance_round(request.request_id, by_slot, self._blocks,
+                                                        self.config.block_size))
         if group.search.done:
-            request.beam_outputs = [
-                BeamSequence(h.token_ids, float(h.cumulative_logprob), float(h.score), h.finish_reason, h.stop_reason)
-                for h in group.search.best()]
-            # Never empty: every way a search ends has kept at least one hypothesis (beam_search.py).
+            request.beam_outputs = group.best_sequences()
             best = request.beam_outputs[0]
             self._finish(request, best.finish_reason, best.stop_reason)
 
@@ -384,8 +408,9 @@ class Scheduler:
         if result.step_id != record.step_id:
             raise ValueError(f"got a result for step {result.step_id}, expected step {record.step_id}")
         num_slots = len(result.slots)
-        if len(result.token_ids) != num_slots or (result.logprobs and len(result.logprobs) != num_slots):
-            raise ValueError(f"step {result.step_id}: slots, token_ids and logprobs differ in length")
+        if (len(result.token_ids) != num_slots or (result.logprobs and len(result.logprobs) != num_slots)
+                or (result.num_accepted and len(result.num_accepted) != num_slots)):
+            raise ValueError(f"step {result.step_id}: slots, token_ids, logprobs and num_accepted differ in length")
         failed = {failure.slot for failure in result.failures}
         planned = sorted(slot for slot in record.samplers if slot not in failed)
         if sorted(result.slots) != planned:
@@ -443,6 +468,7 @@ class Scheduler:
         for slot in self._slots_of(request):
             heapq.heappush(self._free_slots, slot)
             self._released_slots.append(slot)
+            self._rollbacks.pop(slot, None)
         request.slot = None
         if request.beam is not None:
             request.beam.release(self._blocks)
@@ -463,6 +489,7 @@ class Scheduler:
     # ---- introspection -----------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
+        counters = self._speculation.counters if self._speculation is not None else None
         return SchedulerStats(
             num_running=len(self._running),
             num_waiting=len(self._waiting),
@@ -472,6 +499,10 @@ class Scheduler:
             prefix_cache_queries=self._prefix_cache_queries,
             prefix_cache_hits=self._prefix_cache_hits,
             num_steps=self._num_steps_done,
+            spec_decode_num_drafts=counters.num_drafts if counters else 0,
+            spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
+            spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
+            spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
         )
 
     @property

@@ -29,17 +29,19 @@ class StepOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    num_accepted: list[int] = field(default_factory=list)  # per row, drafts accepted; empty in steps without drafts
 
 
 class PendingOutput:
     def __init__(self, rows: list[int], sampled: SamplerOutput | None, asked: list[int | None],
-                 prompt_logprobs: list[PromptLogprobs]) -> None:
+                 prompt_logprobs: list[PromptLogprobs], num_accepted: torch.Tensor | None = None) -> None:
         self.rows, self.asked, self.prompt_logprobs = rows, asked, prompt_logprobs
         self._event: torch.cuda.Event | None = None
         self._tensors: list[torch.Tensor] = []
+        self._has_accepted = num_accepted is not None
         if sampled is None:
             return
-        tensors = [sampled.token_ids]
+        tensors = [sampled.token_ids] if num_accepted is None else [sampled.token_ids, num_accepted]
         if sampled.logprobs is not None:
             tensors += [sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs]
         if sampled.token_ids.device.type == "cuda":
@@ -57,12 +59,14 @@ class PendingOutput:
         if not self._tensors:
             return StepOutput([], [], [], self.prompt_logprobs)
         token_ids = self._tensors[0].tolist()
-        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs)
+        num_accepted = self._tensors[1].tolist() if self._has_accepted else []
+        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs, num_accepted)
 
     def _logprobs_per_row(self) -> list[TokenLogprobs | None]:
-        if len(self._tensors) == 1:
+        first = 2 if self._has_accepted else 1
+        if len(self._tensors) == first:
             return [None] * len(self.asked)
-        logprobs, top_ids, top_values = (tensor.tolist() for tensor in self._tensors[1:])
+        logprobs, top_ids, top_values = (tensor.tolist() for tensor in self._tensors[first:])
         return [
             None if n is None else TokenLogprobs(logprobs[row], top_ids[row][:n], top_values[row][:n])
             for row, n in enumerate(self.asked)

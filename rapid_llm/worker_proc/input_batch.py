@@ -6,7 +6,9 @@ host lists the list-reading attention adapters use), host counts of its known an
 sampling row (`SamplingRows`). The scheduler's deltas update rows in place -- a new or resumed request
 fills its row once, released slots are reset, new block ids are scattered into the table once per step
 -- so a step only gathers rows by slot index. `num_tokens` counts tokens a launched step will sample
-before their values reach the host, which is what lets the next step launch before the copy back.
+before their values reach the host, which is what lets the next step launch before the copy back. Drafts
+(speculative decoding) are written after a row's tokens and counted as known until the scheduler's
+`Rollback` sets the row's true count and cuts its block table.
 One extra row, `padding_slot`, and one KV block, `padding_block`, serve padded rows (CUDA graph
 buckets): a padded row reads and writes only that block, never live KV.
 
@@ -14,6 +16,7 @@ Usage:
     batch.add(slot, request_id, token_ids, num_prompt_tokens, params)  # raises if the request cannot be served
     batch.append_blocks(slot, block_ids); batch.flush_blocks()          # once per step, before the forward
     batch.record_sampled(slots, slots_on_device, positions_on_device, token_ids)
+    batch.write_drafts(slots, drafts); batch.rollback(slot, num_tokens, num_blocks)  # speculative decoding
 """
 
 from __future__ import annotations
@@ -103,6 +106,39 @@ class InputBatch:
             [torch.tensor(slots, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
              torch.tensor(token_ids, dtype=torch.int32)], self.device)
         self.token_pool[rows, columns] = values
+
+    def write_drafts(self, slots: Sequence[int], drafts: Sequence[Sequence[int]]) -> None:
+        """Append each slot's draft tokens after its known ones (one device op for the step)."""
+        rows: list[int] = []
+        columns: list[int] = []
+        values: list[int] = []
+        for slot, tokens in zip(slots, drafts):
+            start = int(self.num_tokens[slot])
+            if start + len(tokens) > self.max_model_len:
+                raise ValueError(f"slot {slot}: {start + len(tokens)} tokens with drafts exceed max_model_len "
+                                 f"{self.max_model_len}")
+            rows.extend([slot] * len(tokens))
+            columns.extend(range(start, start + len(tokens)))
+            values.extend(tokens)
+            self.num_tokens[slot] = start + len(tokens)
+        if values:
+            row, column, value = to_device([torch.tensor(rows, dtype=torch.int64),
+                                            torch.tensor(columns, dtype=torch.int64),
+                                            torch.tensor(values, dtype=torch.int32)], self.device)
+            self.token_pool[row, column] = value
+
+    def rollback(self, slot: int, num_tokens: int, num_blocks: int) -> None:
+        """After a speculative step: the row knows `num_tokens` tokens and keeps its first `num_blocks` blocks (the
+        cut ones point at the padding block again)."""
+        self.check_slot(slot)
+        held = int(self.num_blocks[slot])
+        if not 0 <= num_blocks <= held or not 0 < num_tokens <= self.max_model_len:
+            raise ValueError(f"slot {slot}: cannot roll back to {num_tokens} tokens and {num_blocks} of {held} blocks")
+        self.num_tokens[slot] = num_tokens
+        if num_blocks < held:
+            del self.host_block_tables[slot][num_blocks:]
+            self.num_blocks[slot] = num_blocks
+            self.block_table[slot, num_blocks:held] = self.padding_block
 
     def release(self, slots: Sequence[int]) -> None:
         for slot in slots:

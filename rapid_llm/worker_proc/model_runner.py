@@ -10,7 +10,9 @@ except the sampled ids, whose copy back `launch` defers (`PendingOutput`), so on
 launched first. Decode steps can replay CUDA graphs (`cuda_graphs.py`) and/or run a torch.compile'd forward
 (`--enable-torch-compile`). A step is one flat batch mixing prefills, prefill chunks and decodes; only a
 request whose computed tokens reach the end of what it knows gets a token sampled (through the worker's
-grammar bitmask when it has structured output, and with its logit_bias). Requests that asked for
+grammar bitmask when it has structured output, and with its logit_bias). A chunk with drafts (speculative
+decoding) samples at each of its 1 + k positions and keeps the drafts the rejection sampler accepts plus
+one target token (`_sample_speculative`); steps without drafts take the single-token path. Requests that asked for
 prompt logprobs get them from the same step's hidden states (read on the host at once: the one exception).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
@@ -30,13 +32,14 @@ from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
-from rapid_llm.layers.sampler import Sampler
+from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.spec_decode.rejection_sampler import accept_one_hot
 from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.utils.host_staging import to_device
 from rapid_llm.worker_proc.cuda_graphs import DecodeBuffers, DecodeGraphs, capture_sizes
@@ -54,6 +57,7 @@ class Chunk(Protocol):
     slot: int
     num_computed_tokens: int
     num_new_tokens: int
+    draft_token_ids: Sequence[int]  # the last len(draft_token_ids) tokens computed are drafts to verify
 
 
 @dataclass
@@ -68,6 +72,7 @@ class ScheduledRequest:
     num_new_tokens: int
     block_table: Sequence[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    draft_token_ids: Sequence[int] = ()  # written after output_token_ids by `execute`
 
     @property
     def num_tokens(self) -> int:
@@ -216,6 +221,11 @@ class ModelRunner:
         sample_slots = slots[samples]
         token_bitmask = (structured.fill_bitmask(sample_slots.tolist(), self.device)
                          if structured is not None and structured.active else None)
+        num_drafts = np.fromiter((len(chunks[row].draft_token_ids) for row in samples.tolist()), dtype=np.int64,
+                                 count=samples.size)
+        if num_drafts.any():
+            return self._sample_speculative(chunks, hidden_states, query_lens, ends, samples, num_drafts,
+                                            token_bitmask, prompt_logprobs)
         last_token_index, slots_on_device, positions = to_device(
             [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
              torch.from_numpy(ends[samples])], self.device)
@@ -232,6 +242,51 @@ class ModelRunner:
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs)
+
+    def _sample_speculative(self, chunks: Sequence[Chunk], hidden_states: torch.Tensor, query_lens: np.ndarray,
+                            ends: np.ndarray, samples: np.ndarray, num_drafts: np.ndarray,
+                            token_bitmask: torch.Tensor | None, prompt_logprobs: list) -> PendingOutput:
+        """Sample every sampling row at its last 1 + k positions (k = its drafts, often 0), as if each position
+        were a decode step of its own (a seeded row's noise keyed by that token's output index), then keep the
+        accepted drafts and one target token per row (`accept_one_hot`)."""
+        batch = self.input_batch
+        sample_slots = np.fromiter((chunks[row].slot for row in samples.tolist()), dtype=np.int64, count=samples.size)
+        counts = num_drafts + 1
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        hidden_rows = np.repeat(np.cumsum(query_lens)[samples] - counts, counts) + offsets
+        rows = np.repeat(np.arange(samples.size), counts)
+        expanded = np.repeat(sample_slots, counts)
+        num_outputs = (np.repeat(batch.num_tokens[sample_slots] - batch.num_prompt_tokens[sample_slots] - num_drafts,
+                                 counts) + offsets)
+        width = int(num_drafts.max())
+        drafts = np.full((samples.size, width), -1, dtype=np.int64)
+        for index, row in enumerate(samples.tolist()):
+            drafts[index, : num_drafts[index]] = chunks[row].draft_token_ids
+        # The first draft's position: where the target's token goes when no draft is accepted.
+        first_positions = ends[samples] - num_drafts
+        (hidden_index, expanded_on_device, slots_on_device, rows_on_device, columns, drafts_on_device,
+         counts_on_device, first_positions) = to_device(
+            [torch.from_numpy(array) for array in
+             (hidden_rows, expanded, sample_slots, rows, offsets, drafts, counts, first_positions)], self.device)
+        logits = self.model.compute_logits(hidden_states[hidden_index])
+        sampling_batch = batch.sampling.batch(expanded, expanded_on_device, num_outputs)
+        logit_bias = (LogitBias.build([batch.params[slot] for slot in expanded.tolist()], self.model_config.vocab_size,
+                                      self.device) if batch.has_logit_bias[expanded].any() else None)
+        if token_bitmask is not None:
+            token_bitmask = token_bitmask.repeat_interleave(counts_on_device, dim=0)
+        sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
+        # -2 pads the target grid, -1 the drafts: a padded column never matches.
+        targets = torch.full((samples.size, width + 1), -2, dtype=torch.int64, device=self.device)
+        targets[rows_on_device, columns] = sampled.token_ids
+        num_accepted, token_ids = accept_one_hot(targets, drafts_on_device)
+        # Rows without drafts keep their one sample (and its logprobs: only they may ask for them).
+        picked = (torch.cumsum(counts_on_device, dim=0) - counts_on_device) + num_accepted
+        kept = SamplerOutput(token_ids, *(None if tensor is None else tensor[picked] for tensor in
+                                          (sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs)))
+        batch.record_sampled(sample_slots, slots_on_device, first_positions + num_accepted, token_ids)
+        asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
+                 if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
+        return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted)
 
     def _validate(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray) -> None:
         """Vectorised over the step; the first bad chunk is named."""
@@ -311,4 +366,6 @@ class ModelRunner:
 
     def execute(self, requests: Sequence[ScheduledRequest]) -> StepOutput:
         self.load(requests)
+        self.input_batch.write_drafts([request.slot for request in requests],
+                                      [request.draft_token_ids for request in requests])
         return self.launch(requests).result()

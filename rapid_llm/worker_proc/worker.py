@@ -2,7 +2,8 @@
 
 The scheduler sends only what changed (released slots, new or resumed requests, tokens to
 compute, prefix-cache hits and newly allocated blocks; only the latter are zeroed; for beam search the
-tokens it chose and the blocks to copy). The runner's
+tokens it chose and the blocks to copy; for speculative decoding the drafts to verify and, after a result,
+the rollback of the rejected ones). The runner's
 persistent input batch keeps each slot's tokens, block table and sampling row, so a step message stays
 small however long the requests are, and nothing is rebuilt from lists. A request whose state cannot be
 prepared when it is added fails alone: its slot is skipped (and reported in `StepResult.failures`) until
@@ -46,6 +47,7 @@ class PendingResult:
             slots=[self.chunks[row].slot for row in output.rows],
             token_ids=output.token_ids,
             logprobs=output.logprobs if any(output.logprobs) else [],
+            num_accepted=output.num_accepted,
             failures=self.failures,
             prompt_logprobs=output.prompt_logprobs,
         )
@@ -79,9 +81,12 @@ class Worker:
         return msgspec.structs.replace(
             result, slots=[result.slots[i] for i in kept], token_ids=[result.token_ids[i] for i in kept],
             logprobs=[result.logprobs[i] for i in kept] if result.logprobs else [],
+            num_accepted=[result.num_accepted[i] for i in kept] if result.num_accepted else [],
             failures=[*result.failures, *self._fail_slots(rejected)])
 
     def launch(self, plan: StepPlan) -> PendingResult:
+        for rollback in plan.rollbacks:
+            self.runner.input_batch.rollback(rollback.slot, rollback.num_tokens, rollback.num_blocks)
         self.runner.release(plan.released_slots)
         for slot in plan.released_slots:
             self.failed_slots.pop(slot, None)
@@ -109,6 +114,10 @@ class Worker:
                 self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
             if chunk.new_block_ids:
                 self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
+        drafting = [chunk for chunk in chunks if chunk.draft_token_ids]
+        if drafting:
+            self.runner.input_batch.write_drafts([chunk.slot for chunk in drafting],
+                                                 [chunk.draft_token_ids for chunk in drafting])
         if plan.block_copies:
             # Copy-on-write targets are not zeroed (they ride in cached_block_ids): the copy fills them whole.
             self.runner.kv_cache.copy_blocks([copy.src for copy in plan.block_copies],

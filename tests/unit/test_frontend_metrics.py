@@ -67,10 +67,20 @@ async def test_scheduler_counters_come_from_the_scheduler_totals(client: httpx.A
     assert metric(text, "rapid_llm:num_preemptions_total") == 0
     assert metric(text, "rapid_llm:prefix_cache_queries_total") == 0
     assert metric(text, "rapid_llm:prefix_cache_hits_total") == 0
+    assert metric(text, "rapid_llm:spec_decode_num_drafts_total") == 0
     engine.scheduler_stats = SchedulerStats(num_running=0, num_waiting=0, kv_blocks_used=0, kv_blocks_total=12,
-                                            num_preemptions=3, prefix_cache_queries=1000, prefix_cache_hits=992)
+                                            num_preemptions=3, prefix_cache_queries=1000, prefix_cache_hits=992,
+                                            spec_decode_num_drafts=5, spec_decode_num_draft_tokens=15,
+                                            spec_decode_num_accepted_tokens=9,
+                                            spec_decode_num_accepted_tokens_per_pos=[5, 3, 1])
     text = (await client.get("/metrics")).text
     assert "# TYPE rapid_llm:prefix_cache_queries_total counter" in text
     assert metric(text, "rapid_llm:prefix_cache_queries_total") == 1000
     assert metric(text, "rapid_llm:prefix_cache_hits_total") == 992
     assert metric(text, "rapid_llm:num_preemptions_total") == 3
+    assert metric(text, "rapid_llm:spec_decode_num_drafts_total") == 5
+    assert metric(text, "rapid_llm:spec_decode_num_draft_tokens_total") == 15
+    assert metric(text, "rapid_llm:spec_decode_num_accepted_tokens_total") == 9
+    for position, value in enumerate([5, 3, 1]):
+        assert (f'rapid_llm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny",position="{position}"}} '
+                f'{float(value)}') in text

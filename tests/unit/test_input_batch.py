@@ -119,3 +119,25 @@ def test_the_gathered_sampling_batch_equals_one_built_from_the_requests(rows: li
             assert ours is not None and torch.equal(ours, value.to(ours.dtype)), name
         else:
             assert ours == value, name
+
+
+def test_drafts_follow_the_known_tokens_and_a_rollback_cuts_tokens_and_blocks() -> None:
+    batch = _batch()
+    batch.add(1, "a", [5, 6, 7], 3, SamplingParams())
+    batch.add(3, "b", [8, 9], 2, SamplingParams())
+    batch.append_blocks(1, [10, 11])
+    batch.flush_blocks()
+    batch.write_drafts([1, 3], [[20, 21, 22], [30]])
+    assert batch.token_pool[1, :6].tolist() == [5, 6, 7, 20, 21, 22] and batch.num_tokens[1] == 6
+    assert batch.token_pool[3, :3].tolist() == [8, 9, 30] and batch.num_tokens[3] == 3
+    # One draft accepted plus the target's token: 5 tokens, and the block that held only rejected ones is cut.
+    batch.rollback(1, 5, 1)
+    assert batch.num_tokens[1] == 5 and batch.num_blocks[1] == 1 and batch.host_block_tables[1] == [10]
+    assert batch.block_table[1, :2].tolist() == [10, PADDING_BLOCK]
+    batch.append_blocks(1, [12])
+    batch.flush_blocks()
+    assert batch.block_table[1, :2].tolist() == [10, 12]
+    with pytest.raises(ValueError, match="cannot roll back"):
+        batch.rollback(1, 5, 3)
+    with pytest.raises(ValueError, match="exceed max_model_len"):
+        batch.write_drafts([3], [list(range(40))])

@@ -9,6 +9,7 @@ from collections import deque
 import msgspec
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
+from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.worker_proc.model_runner import ModelRunner
@@ -22,12 +23,15 @@ def roundtrip(message: StepPlan | StepResult) -> StepPlan | StepResult:
 class Engine:
     """Collects every request's outcome (token ids, finish reason, error, a beam search's beams)."""
 
-    def __init__(self, runner: ModelRunner, max_num_batched_tokens: int = 64, max_num_seqs: int = 8) -> None:
+    def __init__(self, runner: ModelRunner, max_num_batched_tokens: int = 64, max_num_seqs: int = 8,
+                 speculative: SpeculativeConfig | None = None, enable_prefix_caching: bool = True,
+                 num_kv_blocks: int | None = None) -> None:
         model = runner.model_config
         self.scheduler = Scheduler(SchedulerConfig(
             max_model_len=model.max_model_len, block_size=runner.cache_config.block_size, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=runner.num_blocks,
-            eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size))
+            max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks or runner.num_blocks,
+            eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size, speculative=speculative,
+            enable_prefix_caching=enable_prefix_caching))
         self.worker = Worker(runner)
         self.outcomes: dict[str, dict[str, object]] = {}
 

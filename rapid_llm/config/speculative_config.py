@@ -1,0 +1,55 @@
+"""SpeculativeConfig: `--speculative-config '{"method": "ngram", ...}'` (vLLM's spelling), parsed and checked once.
+
+A frozen msgspec Struct so it rides inside `SchedulerConfig` to the scheduler process, which runs the
+n-gram proposer. Unknown fields, wrong types and out-of-range values are start-up errors naming the field;
+the method is checked against the proposer registry (`spec_decode/registry.py`) by `ServerArgs`.
+
+Usage:
+    config = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+FLAG = "--speculative-config"
+
+
+class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How many tokens to draft per decode step and where drafts come from (`method`)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 1  # shortest n-gram matched (ngram)
+    prompt_lookup_max: int = 4  # longest n-gram matched, tried first (ngram)
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min < 1:
+            raise ValueError(f"prompt_lookup_min must be at least 1, got {self.prompt_lookup_min}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(f"prompt_lookup_max ({self.prompt_lookup_max}) must be at least "
+                             f"prompt_lookup_min ({self.prompt_lookup_min})")
+
+    @classmethod
+    def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
+        """A JSON object (the flag) or a dict (the offline `LLM`); None leaves speculation off."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{FLAG} is not valid JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{FLAG} must be a JSON object, got {type(value).__name__}")
+        try:
+            return msgspec.convert(value, cls)
+        except msgspec.ValidationError as error:
+            # msgspec names the field: "Object contains unknown field `x`", "... - at `$.num_speculative_tokens`",
+            # and passes the messages of __post_init__ through.
+            raise ValueError(f"{FLAG}: {error}") from None
