@@ -46,6 +46,24 @@ def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def tp_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Every rank's `tensor` becomes rank `src`'s (in place)."""
+    if _tp.size > 1:
+        dist.broadcast(tensor, src)
+    return tensor
+
+
+def tp_min(value: int) -> int:
+    """The smallest of every rank's `value` (e.g. the KV blocks all ranks can hold)."""
+    if _tp.size == 1:
+        return value
+    # NCCL reduces device tensors only.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    reduced = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MIN)
+    return int(reduced.item())
+
+
 def tp_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if _tp.size == 1:
         return tensor
