@@ -25,9 +25,11 @@ def random_prompts(lengths: Sequence[int], seed: int = 5) -> list[list[int]]:
     return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in lengths]
 
 
-def generate(checkpoint, prompts: list[list[int]], tensor_parallel_size: int) -> list[RequestOutput]:
+def generate(checkpoint, prompts: list[list[int]], tensor_parallel_size: int,
+             params: list[SamplingParams] | None = None) -> list[RequestOutput]:
+    """Greedy (GREEDY) unless `params` gives one SamplingParams per prompt."""
     with LLM(model=str(checkpoint), tensor_parallel_size=tensor_parallel_size, num_kv_blocks=64) as llm:
-        return llm.generate(prompts, GREEDY)
+        return llm.generate(prompts, params or GREEDY)
 
 
 def logprob_error(prompts: list[list[int]], hf: transformers.PreTrainedModel, results: list[RequestOutput]) -> float:

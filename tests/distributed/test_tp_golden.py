@@ -1,14 +1,18 @@
 """Tensor parallelism end to end on CPU (gloo): `LLM(..., tensor_parallel_size=2)` gives the same greedy tokens
 as one rank and as transformers, and the same log-probabilities as transformers (within LOGPROB_TOLERANCE).
 
-The tiny Llama has 4 attention heads and 2 KV heads (2 and 1 per rank) and an untied LM head.
+The tiny Llama has 4 attention heads and 2 KV heads (2 and 1 per rank) and an untied LM head. A third,
+randomly sampled (unseeded) request runs in the same batch: each rank's token pool feeds the next step, so
+its logprobs match transformers on the tokens rank 0 returned only if every rank used rank 0's tokens.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed.golden import LOGPROB_TOLERANCE, NEW_TOKENS, generate, logprob_error, random_prompts
+from rapid_llm import SamplingParams
+from tests.distributed.golden import (GREEDY, LOGPROB_TOLERANCE, NEW_TOKENS, TOP_LOGPROBS, generate, logprob_error,
+                                      random_prompts)
 from tests.hf_reference import hf_greedy, hf_model
 
 
@@ -27,9 +31,20 @@ def hf(checkpoint):
     return hf_model(checkpoint)
 
 
+SAMPLED = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, logprobs=TOP_LOGPROBS,
+                         prompt_logprobs=TOP_LOGPROBS)
+
+
 @pytest.fixture(scope="module")
-def tp2_outputs(checkpoint, prompts):
-    return generate(checkpoint, prompts, 2)
+def tp2_run(checkpoint, prompts):
+    """(greedy outputs, sampled output) of one tp=2 engine; the sampled request reuses the last prompt."""
+    outputs = generate(checkpoint, [*prompts, prompts[-1]], 2, [GREEDY] * len(prompts) + [SAMPLED])
+    return outputs[:-1], outputs[-1]
+
+
+@pytest.fixture(scope="module")
+def tp2_outputs(tp2_run):
+    return tp2_run[0]
 
 
 def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, prompts, hf, tp2_outputs) -> None:
@@ -40,3 +55,9 @@ def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, prompts, hf, t
 
 def test_tp2_logprobs_match_transformers(prompts, hf, tp2_outputs) -> None:
     assert logprob_error(prompts, hf, tp2_outputs) <= LOGPROB_TOLERANCE
+
+
+def test_tp2_random_sampling_keeps_ranks_consistent(prompts, hf, tp2_run) -> None:
+    sampled = tp2_run[1]
+    assert len(sampled.token_ids) == NEW_TOKENS
+    assert logprob_error(prompts[-1:], hf, [sampled]) <= LOGPROB_TOLERANCE
