@@ -33,8 +33,9 @@ def checkpoint(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def server(checkpoint) -> Iterator[ServerProcess]:
-    process = ServerProcess("--model", str(checkpoint), "--tp", "2", "--num-kv-blocks", str((LONG_TOKENS + 64) // 16 + 1), "--log-level",
-                            "warning")
+    blocks = (LONG_TOKENS + 64) // 16 + 1
+    process = ServerProcess("--model", str(checkpoint), "--tp", "2", "--num-kv-blocks", str(blocks),
+                            "--log-level", "warning")
     yield process
     process.stop()
 
