@@ -74,6 +74,10 @@ class ServerArgs:
                                 "k_scale/v_scale, else 1.0; twice bf16's tokens) or nvfp4 (e2m1 with an fp8 scale per 16 values; "
                                 "3.56x bf16's tokens; read by --attention-backend torch_ref only)."})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "Worker ranks the model's layers are split "
+                                      "over (tensor parallelism, torch.distributed: gloo on CPU, NCCL on CUDA); "
+                                      "dense Llama-family models only. See docs/parallelism.md.",
+                                      "aliases": ("--tp", "--tp-size", "-tp")})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})
     op_backend: str | None = field(default=None, metadata={"help": "Pin ops to implementations, e.g. "
@@ -196,7 +200,7 @@ class ServerArgs:
         check_model_dir(model_dir)
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
         from rapid_llm.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
-                                      SchedulerConfig)
+                                      ParallelConfig, SchedulerConfig)
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.config.speculative_config import SpeculativeConfig
         from rapid_llm.models.registry import check_supported
@@ -212,6 +216,8 @@ class ServerArgs:
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
                                             self.quantization)
         check_supported(model.architecture)
+        parallel = ParallelConfig(self.tensor_parallel_size)
+        parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
@@ -244,6 +250,7 @@ class ServerArgs:
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
             compilation=CompilationConfig(self.enforce_eager, self.cuda_graph_max_bs, self.enable_torch_compile),
+            parallel=parallel,
         )
 
 

@@ -14,5 +14,6 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "rapid_llm.config.device_config": ("DeviceConfig",),
     "rapid_llm.config.engine_config": ("EngineConfig",),
     "rapid_llm.config.model_config": ("ModelConfig",),
+    "rapid_llm.config.parallel_config": ("ParallelConfig",),
     "rapid_llm.config.scheduler_config": ("SchedulerConfig",),
 })

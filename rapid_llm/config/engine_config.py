@@ -11,6 +11,7 @@ from rapid_llm.config.cache_config import CacheConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.device_config import DeviceConfig
 from rapid_llm.config.model_config import ModelConfig
+from rapid_llm.config.parallel_config import ParallelConfig
 from rapid_llm.config.scheduler_config import SchedulerConfig
 
 
@@ -28,6 +29,7 @@ class EngineConfig:
     # SamplingParams field -> value from --generation-config, for fields a request leaves unset.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def summary(self) -> dict[str, Any]:
         """The settings a benchmark result should record (served at GET /server_info)."""
@@ -39,6 +41,7 @@ class EngineConfig:
             "quantization": None if self.model.quantization is None else self.model.quantization.summary(),
             "max_model_len": self.model.max_model_len,
             "device": self.device.type,
+            "tensor_parallel_size": self.parallel.tensor_parallel_size,
             "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,

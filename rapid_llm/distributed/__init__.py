@@ -3,9 +3,10 @@
 from rapid_llm.distributed.parallel_state import (
     get_tp_rank,
     get_tp_size,
-    init_tensor_parallel,
     tp_all_gather,
     tp_all_reduce,
+    tp_broadcast,
+    tp_min,
 )
 
-__all__ = ["get_tp_rank", "get_tp_size", "init_tensor_parallel", "tp_all_gather", "tp_all_reduce"]
+__all__ = ["get_tp_rank", "get_tp_size", "tp_all_gather", "tp_all_reduce", "tp_broadcast", "tp_min"]

@@ -5,12 +5,15 @@ their imports overlap. Each target is a "module:function" string imported inside
 this module (and the HTTP process importing it) never loads the worker's model stack. Each reports ready or its exception over a pipe; start-up fails with the
 first child's one-line cause. Afterwards a watcher thread notices any child that exits and
 calls back, so the server stops rather than answering /health without an engine behind it.
+One worker is started per tensor-parallel rank (`config.parallel`); they meet in a torch.distributed group
+through a rendezvous file in the launch's private socket directory, which shutdown removes with it.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from multiprocessing.connection import Connection, wait
@@ -41,9 +44,12 @@ class EngineStartupError(RuntimeError):
 
 
 class EngineProcesses:
-    def __init__(self, config: EngineConfig, num_ranks: int = 1) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        num_ranks = config.parallel.world_size
         self.paths = IpcPaths.create(num_ranks)
+        # A fresh file per launch: torch's FileStore must not find one left by an earlier group.
+        dist_init_method = "file://" + os.path.join(self.paths.directory, "dist-init")
         self.processes: dict[str, BaseProcess] = {}
         self._ready_pipes: dict[str, Connection] = {}
         self._stopping = threading.Event()
@@ -55,8 +61,8 @@ class EngineProcesses:
             ("detokenizer", "rapid_llm.detokenizer_proc.process:run_detokenizer",
              (config.tokenizer, self.paths, config.log_level)),
         ]
-        targets += [(f"worker{rank}", "rapid_llm.worker_proc.process:run_worker", (config, rank, self.paths))
-                     for rank in range(num_ranks)]
+        targets += [(f"worker{rank}", "rapid_llm.worker_proc.process:run_worker",
+                     (config, rank, self.paths, dist_init_method)) for rank in range(num_ranks)]
         for name, target, args in targets:
             receiver, sender = context.Pipe(duplex=False)
             self.processes[name] = context.Process(target=run_child, args=(name, target, *args, sender), name=name,

@@ -15,7 +15,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from rapid_llm.config.model_config import attention_head_dim, attention_kv_heads
-from rapid_llm.distributed import get_tp_size
 from rapid_llm.layers.attention import Attention
 from rapid_llm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from rapid_llm.layers.forward_batch import ForwardBatch
@@ -129,8 +128,6 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        if get_tp_size() > 1 and config.vocab_size % get_tp_size():
-            raise ValueError("vocab_size must divide evenly over tensor-parallel ranks")
         self.config = config
         # One cos/sin table for all layers: it can be tens of MiB at long context.
         self.model = LlamaModel(config, self.make_rope(config), self.make_attention, self.make_mlp)

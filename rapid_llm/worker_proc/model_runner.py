@@ -29,6 +29,7 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
+from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
@@ -238,6 +239,8 @@ class ModelRunner:
                                       self.model_config.vocab_size, self.device)
                       if batch.has_logit_bias[sample_slots].any() else None)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
+        # Tensor-parallel ranks feed their token pools from rank 0's choice, so random sampling cannot diverge.
+        tp_broadcast(sampled.token_ids)
         batch.record_sampled(sample_slots, slots_on_device, positions, sampled.token_ids)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
@@ -275,6 +278,7 @@ class ModelRunner:
         if token_bitmask is not None:
             token_bitmask = token_bitmask.repeat_interleave(counts_on_device, dim=0)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
+        tp_broadcast(sampled.token_ids)  # every rank then accepts the same drafts
         # -2 pads the target grid, -1 the drafts: a padded column never matches.
         targets = torch.full((samples.size, width + 1), -2, dtype=torch.int64, device=self.device)
         targets[rows_on_device, columns] = sampled.token_ids

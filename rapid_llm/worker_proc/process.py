@@ -9,6 +9,9 @@ sends it while this step computes), it is launched before this step's tokens are
 device never idles while the host copies, encodes and sends a result. On the CPU there is no
 asynchronous device to overlap with (the step has finished when `launch` returns), and holding a
 result back would only delay the scheduler, so each result is sent at once.
+With tensor parallelism each rank first joins the torch.distributed group (rank r on cuda:r, or the CPU with
+the host's threads split between ranks); the ranks agree on the smallest KV-cache block count, which rank 0
+reports to the scheduler.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import torch
 import zmq
 
 from rapid_llm.config import EngineConfig
+from rapid_llm.distributed import tp_min
+from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
@@ -32,22 +37,27 @@ from rapid_llm.worker_proc.worker import PendingResult, Worker
 logger = logging.getLogger(__name__)
 
 
-def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connection) -> None:
+def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_method: str, ready: Connection) -> None:
     configure_child(config.log_level)
+    world_size = config.parallel.world_size
     try:
+        init_worker_group(rank, world_size, dist_init_method, config.device.type)
         runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                              max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
         cpu_threads = None
         if runner.device.type == "cpu":
-            cpu_threads, reason = choose_cpu_threads(runner.model, torch.get_num_threads())
+            # Ranks on one host share its cores: each gets its share.
+            cpu_threads, reason = choose_cpu_threads(runner.model, max(1, torch.get_num_threads() // world_size))
             torch.set_num_threads(cpu_threads)
             logger.info("CPU threads: %d (%s)", cpu_threads, reason)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
+        # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
+        num_blocks = tp_min(runner.num_blocks)
         if results is not None:
-            results.send(WorkerReady(num_kv_blocks=runner.num_blocks))
-        report_ready(ready, {"num_kv_blocks": runner.num_blocks, "kv_cache_tokens": runner.num_tokens,
+            results.send(WorkerReady(num_kv_blocks=num_blocks))
+        report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
                              "ops": runner.op_choices,
                              "cpu_threads": cpu_threads})
@@ -69,6 +79,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, ready: Connecti
             # The launcher's SIGTERM follows the scheduler's Shutdown; it must not interrupt the exit.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             context.destroy(linger=0)
+            leave_worker_group()
             return
         try:
             launched = worker.launch(message)

@@ -1,0 +1,51 @@
+"""What the tensor-parallel golden tests share: greedy generation with logprobs through the offline LLM, and the
+largest difference of its prompt and output log-probabilities from transformers' log_softmax."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import transformers
+
+from rapid_llm import LLM, SamplingParams
+from rapid_llm.entrypoints.llm import RequestOutput
+from tests.hf_reference import hf_logits
+
+NEW_TOKENS = 32
+TOP_LOGPROBS = 5
+# fp32: the ranks only reorder the row-parallel sums (measured 5e-6 to 9e-6 on the tiny checkpoints).
+LOGPROB_TOLERANCE = 1e-4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, logprobs=TOP_LOGPROBS,
+                        prompt_logprobs=TOP_LOGPROBS)
+
+
+def random_prompts(lengths: Sequence[int], seed: int = 5) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in lengths]
+
+
+def generate(checkpoint, prompts: list[list[int]], tensor_parallel_size: int,
+             params: list[SamplingParams] | None = None, **engine_args) -> list[RequestOutput]:
+    """Greedy (GREEDY) unless `params` gives one SamplingParams per prompt; `engine_args` go to `LLM`."""
+    with LLM(model=str(checkpoint), tensor_parallel_size=tensor_parallel_size, num_kv_blocks=64, **engine_args) as llm:
+        return llm.generate(prompts, params or GREEDY)
+
+
+def logprob_error(prompts: list[list[int]], hf: transformers.PreTrainedModel, results: list[RequestOutput]) -> float:
+    """max |ours - transformers'| over every scored prompt token, sampled token and top-k logprob."""
+    worst = 0.0
+    for prompt, result in zip(prompts, results):
+        output = result.outputs[0]
+        reference = hf_logits(hf, [*prompt, *output.token_ids]).log_softmax(dim=-1)
+        # Prompt token j + 1 is predicted at position j; output token i at position len(prompt) + i - 1.
+        scored = [(j, prompt[j + 1], entry) for j, entry in enumerate(output.prompt_logprobs)]
+        scored += [(len(prompt) + i - 1, token, entry)
+                   for i, (token, entry) in enumerate(zip(output.token_ids, output.logprobs))]
+        if len(scored) != len(prompt) - 1 + NEW_TOKENS:
+            raise AssertionError(f"{len(scored)} scored tokens, expected {len(prompt) - 1 + NEW_TOKENS}")
+        for position, token, entry in scored:
+            expected_top = reference[position].topk(TOP_LOGPROBS).values
+            worst = max(worst, abs(entry.logprob - reference[position, token].item()),
+                        (torch.tensor(entry.top_logprobs) - expected_top).abs().max().item())
+    return worst

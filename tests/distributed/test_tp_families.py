@@ -1,0 +1,32 @@
+"""Every tensor-parallel architecture at `tensor_parallel_size=2` against transformers on a tiny fp32
+checkpoint: 32 greedy tokens equal, prompt and output logprobs within LOGPROB_TOLERANCE.
+
+The Llama case has one KV head (replicated on both ranks), a tied LM head and a vocabulary of 515 rows
+(padded to 516 over the ranks); Qwen2 adds q/k/v biases, Qwen3 per-head q/k norms, Mistral a sliding window.
+Only the first runs by default (one engine start each, ~20 s on 2 cores); the others are marked slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.golden import LOGPROB_TOLERANCE, NEW_TOKENS, generate, logprob_error, random_prompts
+from tests.hf_reference import hf_greedy, hf_model
+
+
+@pytest.mark.parametrize(("architecture", "overrides"), [
+    pytest.param("LlamaForCausalLM", {"num_key_value_heads": 1, "tie_word_embeddings": True, "vocab_size": 515},
+                 id="llama-replicated-kv-tied-padded-vocab"),
+    pytest.param("Qwen2ForCausalLM", {}, id="qwen2", marks=pytest.mark.slow),
+    pytest.param("Qwen3ForCausalLM", {}, id="qwen3", marks=pytest.mark.slow),
+    pytest.param("MistralForCausalLM", {"sliding_window": 8}, id="mistral-sliding-window", marks=pytest.mark.slow),
+])
+def test_tp2_matches_transformers(tiny_checkpoint, architecture: str, overrides: dict) -> None:
+    checkpoint = tiny_checkpoint(architecture, **overrides)
+    prompts = random_prompts((6, 21), seed=9)
+    hf = hf_model(checkpoint)
+    outputs = generate(checkpoint, prompts, 2)
+    assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
+    error = logprob_error(prompts, hf, outputs)
+    print(f"{architecture}: max logprob difference {error:.2e}")
+    assert error <= LOGPROB_TOLERANCE
