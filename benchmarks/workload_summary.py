@@ -77,6 +77,13 @@ def chunked_section(directory: Path) -> str:
     return "### Chunked prefill (long prompts arriving during decodes)\n\n" + table(header, rows)
 
 
+def hit_rate_trace(series: list[Row]) -> str:
+    """The cumulative hit rate in % per sample, from the first sample with queries ("–" if none had any)."""
+    rates = [s["cumulative_hit_rate"] for s in series]
+    first = next((i for i, rate in enumerate(rates) if rate is not None), len(rates))
+    return " ".join(f"{100 * rate:.0f}" for rate in rates[first:]) or "–"
+
+
 def prefix_section(directory: Path) -> str:
     header = ["caching", "hit rate", "TTFT P50/P90/P99 ms", "E2EL P50/P90/P99 ms", "TPOT P50 ms", "output tok/s",
               "hit rate per second (cumulative)"]
@@ -93,13 +100,12 @@ def prefix_section(directory: Path) -> str:
                      "/".join(f"{r[f'p{p}_ttft_ms']:.0f}" for p in (50, 90, 99)),
                      "/".join(f"{r[f'p{p}_e2el_ms']:.0f}" for p in (50, 90, 99)), r["median_tpot_ms"],
                      r["output_throughput"],
-                     " ".join("–" if s["cumulative_hit_rate"] is None else f"{100 * s['cumulative_hit_rate']:.0f}"
-                              for s in series)])
+                     hit_rate_trace(series)])
     return "### Prefix caching (shared system prompts)\n\n" + table(header, rows)
 
 
 def long_context_section(directory: Path) -> str:
-    header = ["system", "input len", "conc.", "prefill tok/s (input / TTFT)", "TTFT P50 ms", "TPOT P50 ms",
+    header = ["system", "input len (requested)", "conc.", "prefill tok/s (input / TTFT)", "TTFT P50 ms", "TPOT P50 ms",
               "output tok/s", "KV capacity (requests)"]
     rows = []
     for name, r in runs(directory, "*.json"):
@@ -110,7 +116,7 @@ def long_context_section(directory: Path) -> str:
         kv_tokens = info.get("kv_cache_tokens") or (int(sidecar.read_text()) if sidecar.is_file() else None)
         output_len = r["total_output_tokens"] / max(r["completed"], 1)
         capacity = f"{kv_tokens // int(mean_input + output_len)}" if kv_tokens else "–"
-        rows.append([system, int(round(mean_input)), concurrency.removeprefix("c"),
+        rows.append([system, int(length), concurrency.removeprefix("c"),
                      mean_input / (r["median_ttft_ms"] / 1000), r["median_ttft_ms"], r["median_tpot_ms"],
                      r["output_throughput"], capacity])
     rows.sort(key=lambda row: (row[1], int(row[2]), row[0]))

@@ -59,7 +59,7 @@ def test_a_batch_is_sent_only_after_the_previous_one_finished(monkeypatch: pytes
     assert [round(o.queue_time, 2) for o in outcomes[:3]] == [0.0] * 3
     assert all(o.queue_time >= 0.03 for o in outcomes[3:])
     assert outcomes[6].queue_time >= outcomes[3].queue_time + 0.03
-    assert duration >= 0.09
+    assert duration >= 0.07  # 30 + 30 + 10 ms: each batch as long as its slowest request
 
 
 def test_static_batching_needs_a_batch_size() -> None:
@@ -68,6 +68,7 @@ def test_static_batching_needs_a_batch_size() -> None:
         asyncio.run(bench_static_batching.run_static_batches(args, [], [], ResourceSampler([], 1.0)))
 
 
+@pytest.mark.slow  # starts a server of its own: ~10 s on a quiet machine, far more on loaded shared cores
 def test_static_batching_against_rapid_llm(tiny_checkpoint, tmp_path: Path) -> None:
     server = ServerProcess("--model", str(tiny_checkpoint("LlamaForCausalLM")), "--num-kv-blocks", "256",
                            "--log-level", "warning")

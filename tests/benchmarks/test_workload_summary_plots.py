@@ -38,6 +38,9 @@ def test_scheduler_summary_computes_arrival_latency_stall_and_hit_rate(tmp_path:
     assert "| static-1 | 200.0 | 1.0 | 2.0 | 50/90/99 | 50/90/99 | 2000/2800/2980 | 5.0 |" in text
     assert "| budget256-1 | 50.0/90.0/99.0 | 250.0 |" in text
     assert "| on | 75.0 % |" in text and "| 50 75 |" in text
+    # Seconds before the first query are left out; a run without any shows a dash.
+    assert workload_summary.hit_rate_trace([{"cumulative_hit_rate": None}, {"cumulative_hit_rate": 0.5}]) == "50"
+    assert workload_summary.hit_rate_trace([{"cumulative_hit_rate": None}]) == "–"
 
 
 def test_long_context_summary_reads_kv_capacity_from_server_info_or_sidecar(tmp_path: Path) -> None:
