@@ -22,7 +22,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 if __package__ in (None, ""):
@@ -201,7 +201,12 @@ async def run_requests(
         return list(outcomes), duration
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+Runner = Callable[[argparse.Namespace, list[RequestInput], list[float], ResourceSampler],
+                  Awaitable[tuple[list[RequestOutcome], float]]]
+
+
+def main(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str, Any]:
+    """Run the benchmark; `runner` replaces `run_requests` (how requests are sent), e.g. static batching."""
     args = parse_args(argv)
     print(args)
     if args.base_url:
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sampler = resource_sampler(args, base_url)
     gc.collect()
     gc.freeze()
-    outcomes, duration = asyncio.run(run_requests(args, inputs, offsets, sampler))
+    outcomes, duration = asyncio.run((runner or run_requests)(args, inputs, offsets, sampler))
 
     failures = [o for o in outcomes if not o.success]
     if failures:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prefix caching on vs off, the numbers in docs/benchmarks.md:
 #  1. generated-shared-prefix workload through bench_serving.py, with the prefix-cache hit rate
-#     taken from the server's /metrics counters (hits / queries, in tokens) over the run;
+#     taken from the server's /metrics counters (hits / queries, in tokens) over the run, and those
+#     counters sampled every second during it (benchmarks/metrics_sampler.py: the hit rate over time);
 #  2. one ~1000-token prompt sent twice in a row: TTFT of the first and second request.
 #
 #   usage: benchmarks/prefix_cache_ab.sh MODEL_DIR [OUT_DIR]
@@ -12,8 +13,8 @@ OUT="${2:-benchmark-results/prefix-cache-$(date +%Y%m%d-%H%M%S)}"
 PORT=31666
 mkdir -p "$OUT"
 
-counter() {  # counter NAME -> its value in /metrics
-    curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {print $2; exit}'
+counter() {  # counter NAME -> its value in /metrics (awk reads to the end: an early exit could SIGPIPE curl)
+    curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v name="$1" '!found && $1 ~ "^"name"(\\{|$)" {print $2; found = 1}'
 }
 
 python3 - "$MODEL" "$OUT/repeat.jsonl" <<'PY'
@@ -35,10 +36,16 @@ for mode in on off; do
     until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do sleep 0.5; done
 
     queries_before=$(counter rapid_llm:prefix_cache_queries_total); hits_before=$(counter rapid_llm:prefix_cache_hits_total)
+    python3 benchmarks/metrics_sampler.py --base-url "http://127.0.0.1:$PORT" --interval 1 \
+        --counters rapid_llm:prefix_cache_queries_total rapid_llm:prefix_cache_hits_total \
+        --out "$OUT/gsp-caching-$mode-counters.jsonl" &
+    sampler=$!
     python3 benchmarks/bench_serving.py --base-url "http://127.0.0.1:$PORT" --dataset-name generated-shared-prefix \
         --gsp-num-groups 8 --gsp-prompts-per-group 8 --gsp-system-prompt-len 512 --gsp-question-len 64 \
         --gsp-output-len 32 --max-concurrency 8 --temperature 0 --ignore-eos --disable-tqdm --label "gsp-$mode" \
+        --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
         --save-result --result-dir "$OUT" --result-filename "gsp-caching-$mode.json"
+    kill -TERM "$sampler"; wait "$sampler"
     queries=$(counter rapid_llm:prefix_cache_queries_total); hits=$(counter rapid_llm:prefix_cache_hits_total)
     python3 -c "q=$queries-$queries_before; h=$hits-$hits_before; print(f'caching $mode: prefix-cache hit rate {100*h/q if q else 0:.1f}% ({h:.0f} of {q:.0f} prompt tokens)')" \
         | tee "$OUT/gsp-caching-$mode-hit-rate.txt"
