@@ -67,7 +67,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("benchmarks/plots.py needs matplotlib: pip install matplotlib") from None
+        raise RuntimeError("benchmarks/plots.py needs matplotlib: pip install -e \".[bench]\"") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

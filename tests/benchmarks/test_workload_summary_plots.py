@@ -57,7 +57,6 @@ def test_long_context_summary_reads_kv_capacity_from_server_info_or_sidecar(tmp_
 
 
 def test_plots_draw_both_figures_from_saved_results(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     for label in ("rapid_llm", "vllm"):
         for concurrency in (1, 8):
             write(tmp_path / "compare" / f"{label}-c{concurrency}.json", result(label, "llama", concurrency, 128))
