@@ -1,7 +1,8 @@
 """The weight-mode x KV-cache-dtype matrix of docs/benchmark_quantization_models.md.
 
 One server per cell: start it, score the held-out text (bench_accuracy, deterministic), time a short
-random workload (bench_serving, under the benchmark flock), read /server_info, stop it. Each cell's
+random workload (bench_serving; it waits --lock-wait s for /tmp/bench.flock, then runs unlocked and the cell
+says so), read /server_info, stop it. Each cell's
 logs and JSONs go to OUT/CELL.*; `report` turns them into the markdown tables and checks weight_bytes and
 kv_cache_tokens against the formats' arithmetic (benchmarks/quantization_matrix_report.py). A cell whose
 server does not start is recorded as unsupported with its start-up error.
@@ -29,7 +30,7 @@ ONLINE_ROWS = ["bf16", "fp8", "fp8-rowwise", "fp8-block128", "fp8-block128-ue8m0
                "fp8-block32-ue8m0", "w4a16", "w4a8", "nvfp4", "mxfp4"]
 KV_DTYPES = ["auto", "fp8", "nvfp4"]
 SERVING = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "16",
-           "--num-prompts", "8", "--max-concurrency", "4", "--temperature", "0", "--seed", "1",
+           "--num-prompts", "4", "--max-concurrency", "4", "--temperature", "0", "--seed", "1",
            "--num-warmups", "1", "--disable-tqdm"]
 
 
@@ -45,7 +46,8 @@ def _start(args: argparse.Namespace, model: str, quantization: str | None, kv: s
            "--kv-cache-memory", args.kv_cache_memory, "--log-level", "info", "--kv-cache-dtype", kv]
     if quantization:
         cmd += ["--quantization", quantization]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # One torch thread: several cells share 2 busy cores, and OpenMP's spinning threads oversubscribed them.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     handle = log.open("w")
     handle.write(" ".join(cmd) + "\n")
     handle.flush()
@@ -116,6 +118,7 @@ def run_cell(args: argparse.Namespace, row: str, model: str, quantization: str |
             cell["error"] = f"{Path(exc.cmd[-1]).name if exc.cmd else ''} failed: exit {exc.returncode}"
         finally:
             _stop(server)
+    cell["threads"] = args.threads
     cell["seconds"] = round(time.monotonic() - started, 1)
     cell["load_average"] = os.getloadavg()
     (out / f"{name}.cell.json").write_text(json.dumps(cell, indent=1))
@@ -140,7 +143,6 @@ def _cells(out: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return cells
 
 
-BEGIN, END = "<!-- matrix:begin (benchmarks/quantization_matrix.py report) -->", "<!-- matrix:end -->"
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -149,12 +151,16 @@ def cmd_report(args: argparse.Namespace) -> None:
     if args.doc is None:
         print(tables)
         return
+    # Each results folder has its own block, named after the folder.
+    name = Path(args.out).name
+    begin = f"<!-- matrix:begin {name} (benchmarks/quantization_matrix.py report) -->"
+    end = f"<!-- matrix:end {name} -->"
     doc = Path(args.doc)
     text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{doc} has no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(f"{head}{BEGIN}\n{tables}\n{END}{rest.split(END, 1)[1]}")
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc} has no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    doc.write_text(f"{head}{begin}\n{tables}\n{end}{rest.split(end, 1)[1]}")
 
 
 def main() -> None:
@@ -169,11 +175,12 @@ def main() -> None:
     run.add_argument("--max-tokens-total", type=int, default=1400)
     run.add_argument("--port", type=int, default=31771)
     run.add_argument("--kv-cache-memory", default="1GiB")
+    run.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each server")
     run.add_argument("--lock-wait", type=int, default=90, help="seconds to wait for /tmp/bench.flock")
     run.add_argument("--force", action="store_true", help="rerun cells that have a result")
     report = sub.add_parser("report")
     report.add_argument("--out", required=True)
-    report.add_argument("--doc", help="replace the tables between the matrix markers of this markdown file")
+    report.add_argument("--doc", help="replace the tables between this folder's matrix markers in this markdown file")
     args = parser.parse_args()
     {"run": cmd_run, "report": cmd_report}[args.command](args)
 
