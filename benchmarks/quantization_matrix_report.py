@@ -79,6 +79,10 @@ def _row_order(row: str) -> tuple[int, str]:
     return (order.index(row), row) if row in order else (len(order), row)
 
 
+def _percent(ppl: float, base: float) -> str:
+    return f"{round(100 * (ppl / base - 1), 2) + 0.0:+.2f} %"  # + 0.0: no "-0.00"
+
+
 def _ppl(cell: dict[str, Any]) -> float | None:
     return cell.get("accuracy", {}).get("perplexity")
 
@@ -108,7 +112,7 @@ def render(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
                 entries.append(status)
             else:
                 ppl = _ppl(cell)
-                entries.append(f"{ppl:.4f} ({100 * (ppl / base - 1):+.2f} %)" if base else f"{ppl:.4f}")
+                entries.append(f"{ppl:.4f} ({_percent(ppl, base)})" if base else f"{ppl:.4f}")
         lines.append(f"| {row} | " + " | ".join(entries) + " |")
     lines += ["", "### Speed: decode tok/s, median TTFT / TPOT (ms)", "",
               "| weights | " + " | ".join(KV_LABELS[kv] for kv in kvs) + " |", "|---|" + "---|" * len(kvs)]
@@ -146,9 +150,9 @@ def render(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
               "|---|---|" + "---|" * (len(kvs) + 1)]
     for row in rows:
         kind, bound = BOUNDS.get(row, ("W4A8" if "w4a8" in row else "none", None))
-        deltas = [100 * (_ppl(cells[row, kv]) / base - 1) if base and _ppl(cells.get((row, kv), {})) else None
-                  for kv in kvs]
-        shown = ["—" if delta is None else f"{delta:+.2f} %" for delta in deltas]
+        ppls = [_ppl(cells.get((row, kv), {})) for kv in kvs]
+        deltas = [100 * (ppl / base - 1) if base and ppl else None for ppl in ppls]
+        shown = ["—" if ppl is None or not base else _percent(ppl, base) for ppl in ppls]
         measured = [delta for delta in deltas if delta is not None]
         if bound is None:
             verdict = "no bound: stated"
