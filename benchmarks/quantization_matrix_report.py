@@ -26,13 +26,29 @@ BOUNDS = {**{row: ("FP8", 1.0) for row in FP8_ROWS}, "w4a16": ("W4A16", 2.0), "g
 KV_LABELS = {"auto": "KV bf16", "fp8": "KV fp8", "nvfp4": "KV nvfp4"}
 
 
-def _merged_linears(config: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """(out, in, matrices merged) of one decoder layer's linear layers, as the model builds them."""
+def _merged_linears(config: dict[str, Any]) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's dense linear layers, merged as the model builds them."""
     hidden, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
+    attention = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim)]
+    if _num_experts(config):
+        return attention
     inter = config["intermediate_size"]
-    return [((heads + 2 * kv_heads) * head_dim, hidden, 3), (hidden, heads * head_dim, 1), (2 * inter, hidden, 2),
-            (hidden, inter, 1)]
+    return [*attention, (2 * inter, hidden), (hidden, inter)]
+
+
+def _num_experts(config: dict[str, Any]) -> int:
+    return config.get("num_local_experts") or config.get("num_experts") or 0
+
+
+def _expert_bytes(row: str, config: dict[str, Any]) -> float:
+    """One layer's experts: gate_up [2·I, H] and down [H, I] each; online int4 leaves them in bf16."""
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    expert_row = "bf16" if row in ("w4a16", "w4a8") else row
+    # The MoE method keeps an online NVFP4 matrix's global scale as a parameter (the dense method does not).
+    extra = 4 if row == "nvfp4" else 0
+    per_expert = sum(_linear_bytes(expert_row, out, inp) + extra for out, inp in ((2 * inter, hidden), (hidden, inter)))
+    return _num_experts(config) * per_expert
 
 
 def _linear_bytes(row: str, out: int, inp: int) -> float:
@@ -62,7 +78,9 @@ def expected_weight_bytes(model: Path, row: str) -> int:
     config = json.loads((model / "config.json").read_text())
     with safe_open(str(model / "model.safetensors"), "pt") as tensors:
         total = sum(2 * math.prod(tensors.get_slice(k).get_shape()) for k in tensors.keys() if "_proj." not in k)
-    per_layer = sum(_linear_bytes(row, out, inp) for out, inp, _ in _merged_linears(config))
+    per_layer = sum(_linear_bytes(row, out, inp) for out, inp in _merged_linears(config))
+    if _num_experts(config):
+        per_layer += _expert_bytes(row, config)
     return int(total + config["num_hidden_layers"] * per_layer)
 
 
@@ -91,7 +109,9 @@ def _status(cell: dict[str, Any] | None) -> str | None:
     if cell is None:
         return "not run"
     if "unsupported" in cell:
-        return f"unsupported: {cell['unsupported'][:160]}"
+        # The start-up error without the log line's time and process prefix.
+        reason = cell["unsupported"].split("failed to start: ", 1)[-1]
+        return f"unsupported: {reason}"
     if "error" in cell:
         return f"error: {cell['error']}"
     return None
