@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from safetensors import safe_open
 
@@ -117,35 +117,35 @@ def _status(cell: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _grid(title: str, rows: list[str], kvs: list[str], cells: dict[tuple[str, str], dict[str, Any]],
+          text: Callable[[dict[str, Any]], str]) -> list[str]:
+    """A weight-mode x KV-dtype table: each cell its status (unsupported, failed) or `text(cell)`."""
+    lines = [f"### {title}", "", "| weights | " + " | ".join(KV_LABELS[kv] for kv in kvs) + " |",
+             "|---|" + "---|" * len(kvs)]
+    for row in rows:
+        entries = [_status(cells.get((row, kv))) or text(cells[(row, kv)]) for kv in kvs]
+        lines.append(f"| {row} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def _serving_text(cell: dict[str, Any]) -> str:
+    serving = cell.get("serving", {})
+    unlocked = "" if cell.get("serving_locked", True) else " (unlocked)"
+    return (f"{serving['output_throughput']:.1f} tok/s, {serving['median_ttft_ms']:.0f} / "
+            f"{serving['median_tpot_ms']:.0f}{unlocked}")
+
+
 def render(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
     rows = sorted(dict.fromkeys(row for row, _ in cells), key=_row_order)
     kvs = [kv for kv in KV_LABELS if any(k == kv for _, k in cells)]
     base = _ppl(cells.get(("bf16", "auto"), {}))
-    lines = ["### Perplexity (Δ vs bf16 weights + bf16 KV)", "",
-             "| weights | " + " | ".join(KV_LABELS[kv] for kv in kvs) + " |", "|---|" + "---|" * len(kvs)]
-    for row in rows:
-        entries = []
-        for kv in kvs:
-            cell = cells.get((row, kv))
-            status = _status(cell)
-            if status:
-                entries.append(status)
-            else:
-                ppl = _ppl(cell)
-                entries.append(f"{ppl:.4f} ({_percent(ppl, base)})" if base else f"{ppl:.4f}")
-        lines.append(f"| {row} | " + " | ".join(entries) + " |")
-    lines += ["", "### Speed: decode tok/s, median TTFT / TPOT (ms)", "",
-              "| weights | " + " | ".join(KV_LABELS[kv] for kv in kvs) + " |", "|---|" + "---|" * len(kvs)]
-    for row in rows:
-        entries = []
-        for kv in kvs:
-            cell = cells.get((row, kv))
-            status = _status(cell)
-            serving = (cell or {}).get("serving", {})
-            unlocked = "" if (cell or {}).get("serving_locked", True) else " (unlocked)"
-            entries.append(status or f"{serving['output_throughput']:.1f} tok/s, {serving['median_ttft_ms']:.0f} / "
-                           f"{serving['median_tpot_ms']:.0f}{unlocked}")
-        lines.append(f"| {row} | " + " | ".join(entries) + " |")
+
+    def perplexity_text(cell: dict[str, Any]) -> str:
+        ppl = _ppl(cell)
+        return f"{ppl:.4f} ({_percent(ppl, base)})" if base else f"{ppl:.4f}"
+
+    lines = _grid("Perplexity (Δ vs bf16 weights + bf16 KV)", rows, kvs, cells, perplexity_text)
+    lines += ["", *_grid("Speed: decode tok/s, median TTFT / TPOT (ms)", rows, kvs, cells, _serving_text)]
     lines += ["", "### Memory: /server_info `weight_bytes` and `kv_cache_tokens` against the arithmetic", "",
               "| weights | KV | weight_bytes | expected | kv_cache_tokens | expected | match |",
               "|---|---|---|---|---|---|---|"]
