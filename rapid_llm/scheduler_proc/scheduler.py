@@ -37,6 +37,7 @@ from rapid_llm.ipc.messages import (
 from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 from rapid_llm.scheduler_proc.speculation import Speculation, speculation_blocker
 
@@ -74,8 +75,7 @@ class Scheduler:
             )
         self.config = config
         self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
-        self._prefix_cache_queries = 0  # tokens looked up at admissions, since start
-        self._prefix_cache_hits = 0  # of those, tokens found cached
+        self._prefix_cache = PrefixCache(self._blocks, config)
         self._free_slots = list(range(config.max_num_seqs))  # a sorted list is already a heap
         self._released_slots: list[int] = []
         self._requests: dict[str, RequestState] = {}
@@ -194,7 +194,7 @@ class Scheduler:
             num_slots = 1 if request.beam is None else request.beam.width
             if len(self._free_slots) < num_slots:
                 return
-            hits = self._prefix_hits(request)
+            hits = self._prefix_cache.lookup(request)
             num_computed = len(hits) * self.config.block_size
             num_new = self._num_new_tokens(request, num_computed, draft.budget)
             # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
@@ -203,7 +203,7 @@ class Scheduler:
             if num_new == 0 or not self._blocks.can_allocate(num_blocks):
                 return
             self._waiting.popleft()
-            self._take_prefix_hits(request, hits)
+            self._prefix_cache.take(request, hits)
             request.mark_scheduled()
             request.status = RequestStatus.RUNNING
             request.slot = heapq.heappop(self._free_slots)
@@ -245,7 +245,7 @@ class Scheduler:
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new
-        self._register_full_blocks(request)
+        self._prefix_cache.register_full_blocks(request)
         if request.num_computed_tokens == request.num_tokens:
             # The worker samples here; the next plan may already decode that token from its pool.
             request.num_placeholders += 1
@@ -262,51 +262,6 @@ class Scheduler:
         draft.budget -= len(step.chunks)
         for chunk in step.chunks:
             draft.samplers[chunk.slot] = (request, request.epoch)
-
-    # ---- prefix cache ------------------------------------------------------------------------
-
-    def _prefix_hits(self, request: RequestState) -> list[int]:
-        """The cached blocks a waiting request can start from (not taken yet)."""
-        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too).
-        if not self.config.enable_prefix_caching or request.params.prompt_logprobs is not None:
-            return []
-        # At least one token is always computed, so that the step has logits to sample from; a
-        # block that token falls in is written, and a block being written is never shared.
-        max_blocks = (request.num_tokens - 1) // self.config.block_size
-        return self._blocks.lookup(request.block_hashes(max_blocks)[:max_blocks])
-
-    def _take_prefix_hits(self, request: RequestState, hits: list[int]) -> None:
-        num_cached = len(hits) * self.config.block_size
-        self._blocks.share(hits)
-        request.block_ids = list(hits)
-        request.num_registered_blocks = len(hits)
-        request.num_computed_tokens = num_cached
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_cached
-        if self.config.enable_prefix_caching:
-            # Counted per admission, like vLLM: a request resumed after preemption looks up again.
-            self._prefix_cache_queries += request.num_tokens
-            self._prefix_cache_hits += num_cached
-
-    def _register_full_blocks(self, request: RequestState) -> None:
-        """Offer the request's newly full blocks to the prefix cache.
-
-        A block qualifies once its tokens are all real (no placeholder) and its KV is scheduled: prompt
-        blocks when planned, output blocks when the sampled ids arrive. Its KV may still be computed
-        by a step in flight (or by the very step that plans to read it) when another request's plan
-        reuses it. That is safe: the worker executes plans in order, and within a step every layer
-        writes the new K/V of all sequences before any sequence attends, so a reader never runs ahead
-        of the writer.
-        """
-        if not self.config.enable_prefix_caching:
-            return
-        num_full = min(request.num_computed_tokens, request.num_known_tokens) // self.config.block_size
-        if num_full <= request.num_registered_blocks:
-            return
-        hashes = request.block_hashes(num_full)
-        for index in range(request.num_registered_blocks, num_full):
-            self._blocks.cache_block(request.block_ids[index], hashes[index])
-        request.num_registered_blocks = num_full
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request is unfinished."""
@@ -375,7 +330,7 @@ class Scheduler:
         """Append sampled tokens (several after verified drafts) until one finishes the request."""
         for token_id in token_ids:
             request.add_sampled_token(token_id, logprobs)
-            self._register_full_blocks(request)
+            self._prefix_cache.register_full_blocks(request)
             self._updated[request] = None
             finish = request.finish_reason_for_last_token(self.config.eos_token_ids)
             if finish is not None:
@@ -496,8 +451,8 @@ class Scheduler:
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             num_preemptions=self._num_preemptions,
-            prefix_cache_queries=self._prefix_cache_queries,
-            prefix_cache_hits=self._prefix_cache_hits,
+            prefix_cache_queries=self._prefix_cache.queries,
+            prefix_cache_hits=self._prefix_cache.hits,
             num_steps=self._num_steps_done,
             spec_decode_num_drafts=counters.num_drafts if counters else 0,
             spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
