@@ -76,8 +76,16 @@ class ServerArgs:
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "Worker ranks the model's layers are split "
                                       "over (tensor parallelism, torch.distributed: gloo on CPU, NCCL on CUDA); "
-                                      "dense Llama-family models only. See docs/parallelism.md.",
+                                      "Llama-family, MoE and DeepSeek-V2/V3 models. See docs/parallelism.md.",
                                       "aliases": ("--tp", "--tp-size", "-tp")})
+    enable_expert_parallel: bool = field(default=False, metadata={"help": "Partition MoE experts over the "
+                                         "tensor-parallel ranks (EP size = TP size) instead of splitting each "
+                                         "expert; tokens reach their experts by all-to-all."})
+    enable_eplb: bool = field(default=False, metadata={"help": "Expert-parallel load balancing: redundant "
+                              "copies of hot experts, placement recomputed from measured loads (--eplb-config)."})
+    eplb_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "EPLB settings as vLLM "
+                                                     "spells them, a JSON object: {\"num_redundant_experts\": 2, "
+                                                     "\"window_size\": 1000, \"step_interval\": 3000}."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})
     op_backend: str | None = field(default=None, metadata={"help": "Pin ops to implementations, e.g. "
@@ -201,6 +209,7 @@ class ServerArgs:
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
         from rapid_llm.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
                                       ParallelConfig, SchedulerConfig)
+        from rapid_llm.config.eplb_config import EPLBConfig
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.config.speculative_config import SpeculativeConfig
         from rapid_llm.models.registry import check_supported
@@ -216,7 +225,10 @@ class ServerArgs:
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
                                             self.quantization)
         check_supported(model.architecture)
-        parallel = ParallelConfig(self.tensor_parallel_size)
+        if self.eplb_config is not None and not self.enable_eplb:
+            raise ValueError("--eplb-config takes effect with --enable-eplb only")
+        parallel = ParallelConfig(self.tensor_parallel_size, self.enable_expert_parallel,
+                                  EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None)
         parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,

@@ -145,10 +145,15 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """y = xWᵀ with W's input columns split over ranks; partial results are all-reduced."""
+    """y = xWᵀ with W's input columns split over ranks; partial results are all-reduced, unless
+    `reduce_results=False`: the caller then sums the ranks' partial y (an MoE block reduces its shared
+    experts together with the routed ones, once); it then has no bias, which would be added on every rank."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True) -> None:
+        if bias and not reduce_results:
+            raise ValueError("a row-parallel linear whose caller reduces its results cannot have a bias")
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.reduce_results = reduce_results
         super().__init__(_divide(input_size, self.tp_size, "input features"), output_size, bias)
 
     def input_slice(self) -> tuple[int, int]:
@@ -164,6 +169,9 @@ class RowParallelLinear(LinearBase):
         copy_weight(param.data, loaded.narrow(1, source, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output = self.kernel(x, self.weight)
+        if not self.reduce_results:
+            return output
         # Bias after the reduce, so it is added once rather than once per rank.
-        output = tp_all_reduce(self.kernel(x, self.weight))
+        output = tp_all_reduce(output)
         return output + self.bias if self.bias is not None else output

@@ -26,6 +26,7 @@ import zmq
 
 from rapid_llm.config import EngineConfig
 from rapid_llm.distributed import tp_min
+from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
 from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
@@ -42,8 +43,11 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
     world_size = config.parallel.world_size
     try:
         init_worker_group(rank, world_size, dist_init_method, config.device.type)
-        runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
-                             max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
+        parallel = config.parallel
+        layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
+        with building_expert_parallel(layout):
+            runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
+                                 max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
         cpu_threads = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.

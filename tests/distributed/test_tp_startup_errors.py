@@ -1,6 +1,6 @@
 """Layouts tensor parallelism cannot run are refused in the launcher, before any child starts, with a message
 naming --tensor-parallel-size: ranks that do not divide the heads or the MLP, models whose layers are not
-sharded yet (MoE experts), and quantized linears."""
+sharded yet (DeepSeek-V4), and quantized linears."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ FLAG = "--tensor-parallel-size"
      f"{FLAG} 2 must divide the model's 3 key/value heads, or be a multiple of them"),
     ("LlamaForCausalLM", {"intermediate_size": 130, "num_attention_heads": 4}, {"tensor_parallel_size": 4},
      f"{FLAG} 4 must divide the model's intermediate_size 130"),
-    ("Qwen3MoeForCausalLM", {}, {}, f"{FLAG} 2: Qwen3MoeForCausalLM is not tensor-parallel yet"),
+    ("DeepseekV4ForCausalLM", {}, {}, f"{FLAG} 2: DeepseekV4ForCausalLM is not tensor-parallel yet"),
     ("LlamaForCausalLM", {}, {"quantization": "fp8"}, f"{FLAG} 2: quantized linear layers (fp8"),
     ("LlamaForCausalLM", {}, {"tensor_parallel_size": 0}, f"{FLAG} must be at least 1, got 0"),
 ])

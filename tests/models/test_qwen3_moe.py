@@ -1,5 +1,5 @@
 """Qwen3-MoE beyond the shared parity matrix (test_hf_parity covers the default tiny config): routing
-and layer-placement variants, the expert weight mapping, the CPU weight-dtype rule and the tp refusal."""
+and layer-placement variants, the expert weight mapping, the CPU weight-dtype rule and the tensor-parallel expert slice."""
 
 from __future__ import annotations
 
@@ -61,7 +61,14 @@ def test_a_missing_expert_matrix_is_named(tiny_checkpoint, tmp_path) -> None:
         load_model(ModelConfig.from_pretrained(str(tmp_path)), torch.device("cpu"))
 
 
-def test_tensor_parallel_moe_is_refused(monkeypatch) -> None:
+def test_tensor_parallel_experts_hold_their_slice_of_the_intermediate_size(monkeypatch) -> None:
+    """Rank 1 of 2: gate and up rows 4..7 of each expert (stacked gate then up), down columns 4..7."""
     monkeypatch.setattr("rapid_llm.layers.moe.experts.get_tp_size", lambda: 2)
-    with pytest.raises(NotImplementedError, match="expert/tensor parallel MoE is not built yet"):
-        FusedExperts(4, 16, 8)
+    monkeypatch.setattr("rapid_llm.layers.moe.experts.get_tp_rank", lambda: 1)
+    experts = FusedExperts(4, 16, 8)
+    gate, up, down = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 8)
+    for shard, tensor in (("gate", gate), ("up", up)):
+        experts.weight_loader(experts.w13_weight, tensor, (2, shard))
+    experts.weight_loader(experts.w2_weight, down, (2, "down"))
+    assert torch.equal(experts.w13_weight[2], torch.cat((gate[4:], up[4:])))
+    assert torch.equal(experts.w2_weight[2], down[:, 4:])

@@ -4,6 +4,8 @@ Shared experts are a dense gated MLP every token goes through, added to the rout
 and their checkpoint names differ, so the block keeps each under its checkpoint's name: Qwen2-MoE's
 `shared_expert`, scaled per token by sigmoid(`shared_expert_gate`(x)), and DeepSeek's plain
 `shared_experts` (n_shared_experts of them, one MLP of n_shared_experts * moe_intermediate_size).
+On several ranks the routed experts (split by TP, or partitioned by EP: ep_experts.py) and the shared experts
+(split by TP) each leave a partial sum, so the block all-reduces once, after adding them.
 Usage: `SparseMoeBlock(hidden, moe_intermediate, RouterConfig.qwen_moe(config), shared_intermediate_size=
 config.shared_expert_intermediate_size, shared_expert_gate=True)(x [T, H])`, or
 `SparseMoeBlock.deepseek(config, RouterConfig.deepseek_v3(config))`.
@@ -15,8 +17,11 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from rapid_llm.distributed import tp_all_reduce
+from rapid_llm.distributed.expert_parallel import expert_parallel_layout
 from rapid_llm.layers.linear import LinearBase
 from rapid_llm.layers.mlp import GatedMLP
+from rapid_llm.layers.moe.ep_experts import ExpertParallelExperts
 from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.layers.moe.router import Router, RouterConfig
 
@@ -28,15 +33,17 @@ class SparseMoeBlock(nn.Module):
         if shared_expert_gate and shared_intermediate_size <= 0:
             raise ValueError("a shared_expert_gate needs a shared expert: shared_expert_intermediate_size must be > 0")
         self.gate = Router(hidden_size, router)
-        self.experts = FusedExperts(router.num_experts, hidden_size, intermediate_size)
+        layout = expert_parallel_layout()
+        self.experts = (FusedExperts(router.num_experts, hidden_size, intermediate_size) if layout is None
+                        else ExpertParallelExperts(router.num_experts, hidden_size, intermediate_size, layout))
         self.shared_expert: GatedMLP | None = None
         self.shared_expert_gate: LinearBase | None = None
         self.shared_experts: GatedMLP | None = None
         if shared_expert_gate:
-            self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
+            self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, reduce_results=False)
             self.shared_expert_gate = LinearBase(hidden_size, 1, bias=False)
         elif shared_intermediate_size > 0:
-            self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size)
+            self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size, reduce_results=False)
 
     @classmethod
     def deepseek(cls, config: PretrainedConfig, router: RouterConfig) -> SparseMoeBlock:
@@ -51,4 +58,4 @@ class SparseMoeBlock(nn.Module):
             output = output + gate * self.shared_expert(hidden_states)
         elif self.shared_experts is not None:
             output = output + self.shared_experts(hidden_states)
-        return output
+        return tp_all_reduce(output)
