@@ -1,5 +1,6 @@
-"""What the tensor-parallel golden tests share: greedy generation with logprobs through the offline LLM, and the
-largest difference of its prompt and output log-probabilities from transformers' log_softmax."""
+"""What the tensor-parallel golden tests share: greedy generation with logprobs through the offline LLM, the
+largest difference of its prompt and output log-probabilities from transformers' log_softmax, and the check
+built from both (`assert_matches_transformers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import transformers
 
 from rapid_llm import LLM, SamplingParams
 from rapid_llm.entrypoints.llm import RequestOutput
-from tests.hf_reference import hf_logits
+from tests.hf_reference import hf_greedy, hf_logits, hf_model
 
 NEW_TOKENS = 32
 TOP_LOGPROBS = 5
@@ -49,3 +50,17 @@ def logprob_error(prompts: list[list[int]], hf: transformers.PreTrainedModel, re
             worst = max(worst, abs(entry.logprob - reference[position, token].item()),
                         (torch.tensor(entry.top_logprobs) - expected_top).abs().max().item())
     return worst
+
+
+def assert_matches_transformers(checkpoint, tensor_parallel_size: int, label: str,
+                                **engine_args) -> list[RequestOutput]:
+    """Two prompts through `tensor_parallel_size` ranks: greedy tokens are transformers', logprobs within
+    LOGPROB_TOLERANCE of its log_softmax (the difference is printed under `label`). Returns the outputs."""
+    prompts = random_prompts((6, 21), seed=9)
+    hf = hf_model(checkpoint)
+    outputs = generate(checkpoint, prompts, tensor_parallel_size, **engine_args)
+    assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
+    error = logprob_error(prompts, hf, outputs)
+    print(f"{label}: max logprob difference {error:.2e}")
+    assert error <= LOGPROB_TOLERANCE
+    return outputs

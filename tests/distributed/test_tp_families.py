@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.golden import LOGPROB_TOLERANCE, NEW_TOKENS, generate, logprob_error, random_prompts
-from tests.hf_reference import hf_greedy, hf_model
+from tests.distributed.golden import assert_matches_transformers
 
 
 @pytest.mark.parametrize(("architecture", "overrides"), [
@@ -22,11 +21,4 @@ from tests.hf_reference import hf_greedy, hf_model
     pytest.param("MistralForCausalLM", {"sliding_window": 8}, id="mistral-sliding-window", marks=pytest.mark.slow),
 ])
 def test_tp2_matches_transformers(tiny_checkpoint, architecture: str, overrides: dict) -> None:
-    checkpoint = tiny_checkpoint(architecture, **overrides)
-    prompts = random_prompts((6, 21), seed=9)
-    hf = hf_model(checkpoint)
-    outputs = generate(checkpoint, prompts, 2)
-    assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
-    error = logprob_error(prompts, hf, outputs)
-    print(f"{architecture}: max logprob difference {error:.2e}")
-    assert error <= LOGPROB_TOLERANCE
+    assert_matches_transformers(tiny_checkpoint(architecture, **overrides), 2, architecture)

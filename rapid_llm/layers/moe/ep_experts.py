@@ -7,7 +7,8 @@ tokens to the slots' ranks (rapid_llm/distributed/expert_parallel.py), runs the 
 pairs it received (one expert each, with its routing weight, so rounding is the single-rank kernel's), and
 combines the results into its share of the output; the rest of the output is zeros until the MoE block's
 all-reduce. With EPLB the layer counts each expert's load every step and, every `step_interval` steps,
-re-places its experts (rapid_llm/distributed/eplb.py) and logs the new placement.
+re-places its experts when that lowers the busiest rank's load (rapid_llm/distributed/eplb.py), logging the new
+placement (one line per MoE layer, in layer order).
 Usage: built by SparseMoeBlock inside `building_expert_parallel(layout)` on more than one rank.
 """
 
@@ -73,15 +74,16 @@ class ExpertParallelExperts(FusedExperts):
         if counter.steps % step_interval:
             return
         load, old = counter.total(), self.placement
-        new = balanced_placement(load, old.physical_to_logical.numel(), self.ep_size, old.physical_to_logical)
-        if torch.equal(new, old.physical_to_logical):
-            return
-        moved = move_experts([self.w13_weight.data, self.w2_weight.data], old.physical_to_logical, new,
-                             self.ep_rank, self.slots_per_rank)
-        self.placement = ExpertPlacement(new, self.num_experts)
+        new = ExpertPlacement(balanced_placement(load, old.physical_to_logical.numel(), self.ep_size,
+                                                 old.physical_to_logical), self.num_experts)
+        before, after = rank_loads(load, old, self.ep_size), rank_loads(load, new, self.ep_size)
+        if max(after) >= max(before):
+            return  # moving weights would not relieve the busiest rank
+        moved = move_experts([self.w13_weight.data, self.w2_weight.data], old.physical_to_logical,
+                             new.physical_to_logical, self.ep_rank, self.slots_per_rank)
+        self.placement = new
         logger.info("EPLB step %d: %d slots moved; physical->logical %s; rank loads %s -> %s", counter.steps,
-                    moved, new.tolist(), _rounded(rank_loads(load, old, self.ep_size)),
-                    _rounded(rank_loads(load, self.placement, self.ep_size)))
+                    moved, new.physical_to_logical.tolist(), _rounded(before), _rounded(after))
 
 
 def _rounded(values: list[float]) -> list[float]:
