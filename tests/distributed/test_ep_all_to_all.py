@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed.expert_weights import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, expert_tensors, load_experts
 from tests.distributed.ranks import run_on_ranks
 
-WORLD_SIZE, EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 2, 4, 16, 8, 2
+WORLD_SIZE = 2
 TOLERANCE = 1e-5
 # name -> expert ids [tokens, top_k]; experts 0, 1 live on rank 0 and 2, 3 on rank 1.
 ROUTINGS = {
@@ -27,14 +28,6 @@ ROUTINGS = {
     "one_token": [[2, 1]],
     "no_tokens": [],
 }
-
-
-def _weights() -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    return {"gate": torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=generator),
-            "up": torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=generator),
-            "down": torch.randn(EXPERTS, HIDDEN, INTERMEDIATE, generator=generator),
-            "x": torch.randn(8, HIDDEN, generator=generator), "w": torch.rand(8, TOP_K, generator=generator)}
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -53,12 +46,7 @@ def _check(t: dict[str, torch.Tensor]) -> dict[str, float]:
 
     rank = get_tp_rank()
     experts = ExpertParallelExperts(EXPERTS, HIDDEN, INTERMEDIATE, ExpertParallelLayout())
-    for expert in range(EXPERTS):
-        for shard in ("gate", "up"):
-            experts.weight_loader(experts.w13_weight, t[shard][expert], (expert, shard))
-        experts.weight_loader(experts.w2_weight, t["down"][expert], (expert, "down"))
-    experts.prepare_weights()
-    w13 = torch.cat((t["gate"], t["up"]), dim=1)
+    w13 = load_experts(experts, t)
     results = {"holds_its_experts": _relative_error(experts.w13_weight, w13[2 * rank:2 * rank + 2])}
     with torch.inference_mode():
         for name, routing in ROUTINGS.items():
@@ -78,7 +66,7 @@ def _check(t: dict[str, torch.Tensor]) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
     directory: Path = tmp_path_factory.mktemp("ep-all-to-all")
-    return run_on_ranks(_check, WORLD_SIZE, directory, _weights())
+    return run_on_ranks(_check, WORLD_SIZE, directory, expert_tensors(0, 8))
 
 
 @pytest.mark.parametrize("case", ["holds_its_experts", *ROUTINGS, *(f"{name}_received" for name in ROUTINGS)])

@@ -18,9 +18,10 @@ import torch
 
 from rapid_llm.distributed.eplb import ExpertPlacement, balanced_placement, rank_loads
 from tests.distributed.golden import assert_matches_transformers
+from tests.distributed.expert_weights import EXPERTS, HIDDEN, INTERMEDIATE, expert_tensors, load_experts
 from tests.distributed.ranks import run_on_ranks
 
-EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, REDUNDANT = 4, 16, 8, 2, 2
+REDUNDANT = 2
 TOLERANCE = 1e-5
 
 
@@ -43,14 +44,6 @@ def test_replicas_share_the_pairs() -> None:
     assert sorted(slots.flatten().tolist()) == [0, 0, 3, 3, 5, 5]
 
 
-def _tensors() -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    return {"gate": torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=generator),
-            "up": torch.randn(EXPERTS, INTERMEDIATE, HIDDEN, generator=generator),
-            "down": torch.randn(EXPERTS, HIDDEN, INTERMEDIATE, generator=generator),
-            "x": torch.randn(6, HIDDEN, generator=generator), "w": torch.rand(6, TOP_K, generator=generator)}
-
-
 def _rebalance(t: dict[str, torch.Tensor]) -> dict[str, object]:
     from rapid_llm.config.eplb_config import EPLBConfig
     from rapid_llm.distributed import get_tp_rank, tp_all_reduce
@@ -61,12 +54,7 @@ def _rebalance(t: dict[str, torch.Tensor]) -> dict[str, object]:
     rank = get_tp_rank()
     layout = ExpertParallelLayout(EPLBConfig(num_redundant_experts=REDUNDANT, window_size=4, step_interval=3))
     experts = ExpertParallelExperts(EXPERTS, HIDDEN, INTERMEDIATE, layout)
-    for expert in range(EXPERTS):
-        for shard in ("gate", "up"):
-            experts.weight_loader(experts.w13_weight, t[shard][expert], (expert, shard))
-        experts.weight_loader(experts.w2_weight, t["down"][expert], (expert, "down"))
-    experts.prepare_weights()
-    w13 = torch.cat((t["gate"], t["up"]), dim=1)
+    w13 = load_experts(experts, t)
     ids = torch.tensor([[3, 0], [3, 1], [3, 2], [0, 3], [3, 1], [2, 3]])
     initial = experts.placement.physical_to_logical.tolist()
     errors = []
@@ -85,7 +73,7 @@ def _rebalance(t: dict[str, torch.Tensor]) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def rebalanced(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     directory: Path = tmp_path_factory.mktemp("eplb")
-    return run_on_ranks(_rebalance, 2, directory, _tensors())
+    return run_on_ranks(_rebalance, 2, directory, expert_tensors(1, 6))
 
 
 def test_skewed_load_changes_placement_on_every_rank(rebalanced) -> None:
