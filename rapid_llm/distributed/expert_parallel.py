@@ -6,8 +6,8 @@ rank holds the same hidden states after attention. Each rank takes a contiguous 
 (`AllToAllDispatcher.dispatch`, two `all_to_all_single` calls: the counts, then rows, slot ids and routing
 weights), computes its experts on what it received, and sends the results back (`combine`). The layer then
 all-reduces, which restores the full batch on every rank.
-The dispatcher is the `expert_all_to_all` op (rapid_llm/ops/catalog.py), so a GPU library (DeepEP) can
-register a faster one. The layout reaches the MoE layers while the worker builds the model
+The dispatcher is the `expert_all_to_all` op (rapid_llm/ops/catalog.py; the layer selects it for its weights'
+device and dtype), so a GPU library (DeepEP) can register a faster one with the same dispatch/combine. The layout reaches the MoE layers while the worker builds the model
 (`building_expert_parallel`): a context variable, as `torch.device(...)` is a context for the same build.
 Usage: `with building_expert_parallel(ExpertParallelLayout(eplb)): model = ...`.
 """
@@ -76,6 +76,8 @@ class Dispatched:
 
 
 def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int], input_splits: list[int]) -> torch.Tensor:
+    if get_tp_size() == 1:
+        return tensor  # one rank keeps every pair (the op's single-process case, rapid_llm/ops/op_cases.py)
     output = tensor.new_empty((output_rows, *tensor.shape[1:]))
     dist.all_to_all_single(output, tensor.contiguous(), output_split_sizes=output_splits,
                            input_split_sizes=input_splits)
@@ -93,9 +95,8 @@ class AllToAllDispatcher:
         flat = physical.flatten()
         order = (flat // slots_per_rank).argsort(stable=True)  # pairs grouped by destination rank
         send = torch.bincount(flat // slots_per_rank, minlength=size)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)
-        send_counts, recv_counts = send.tolist(), recv.tolist()
+        send_counts = send.tolist()
+        recv_counts = _exchange(send, size, [1] * size, [1] * size).tolist()
         rows = sum(recv_counts)
         source_tokens = order // top_k
         sorted_slots = flat.index_select(0, order)

@@ -54,6 +54,9 @@ register_op(name="fused_moe", backend="cpu_amx", fn="rapid_llm.ops.amx_moe:AMX_M
 # quantized_fused_moe(x, topk_weights, topk_ids, w13, w2, w13_scales, w2_scales[, swiglu_limit]): routed experts kept
 # quantized (rapid_llm/quantization/moe_method.py); torch_ref runs fused_moe's loop with fp8_linear / fp4_linear GEMMs.
 register_op(name="quantized_fused_moe", backend=REFERENCE, fn="rapid_llm.ops.quant_moe:quantized_fused_moe")
+# expert_all_to_all: an object with dispatch/combine moving (token, k) pairs to the expert-parallel rank of their
+# slot and back (rapid_llm/distributed/expert_parallel.py); torch_ref is torch.distributed's all_to_all_single.
+register_op(name="expert_all_to_all", backend=REFERENCE, fn="rapid_llm.distributed.expert_parallel:TORCH_ALL_TO_ALL")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # Sampling: the sort-based reference and the topk one (same kept set; faster wherever the kept set is a
 # small part of the vocabulary, i.e. top-k, or a nucleus inside its candidates).

@@ -231,6 +231,22 @@ def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{t}, {h}] {e} experts top-{k} inter {i}")
 
 
+def _expert_all_to_all(config: CaseConfig, variant: str) -> OpInputs:
+    """Pairs routed to random slots of one rank; the stand-in expert scales each row by its weight and adds its
+    slot, so a row combined into the wrong token or with the wrong slot shows."""
+    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
+    slots = torch.randint(0, shape.num_experts, (t, k), generator=inputs.generator).to(config.device)
+    args = (inputs.randn(t, shape.hidden_size), inputs.randn(t, k), slots, shape.num_experts)
+    return OpInputs(args, f"[{t}, {shape.hidden_size}] top-{k} over {shape.num_experts} slots, one rank")
+
+
+def _expert_all_to_all_step(dispatcher: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    x, weights, slots, slots_per_rank = args
+    dispatched = dispatcher.dispatch(x, weights, slots, slots_per_rank)
+    expert_output = dispatched.hidden * dispatched.weights.unsqueeze(1) + dispatched.local_slots.unsqueeze(1)
+    return dispatcher.combine(expert_output.to(x.dtype), dispatched, x.shape[0])
+
+
 def _fused_moe_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The expert weights in the kernel's own format, as FusedExperts holds them (rapid_llm/ops/moe_kernel.py)."""
     x, topk_weights, topk_ids, w13, w2 = args
@@ -404,6 +420,7 @@ OP_CASES: dict[str, OpCase] = {
     "fp4_linear": OpCase(_fp4_linear, variants=("nvfp4", "nvfp4-w4a4", "mxfp4")),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
+    "expert_all_to_all": OpCase(_expert_all_to_all, run=_expert_all_to_all_step),
     "quantized_fused_moe": OpCase(_quantized_fused_moe, variants=("fp8-row", "fp8-block32-ue8m0", "nvfp4", "mxfp4")),
     "top_k_top_p_filter": OpCase(_top_k_top_p_filter, variants=tuple(_FILTER_ROWS), dtypes=("float32",),
                                  why_dtypes="the sampler filters float32 logits", exact=True),

@@ -22,9 +22,10 @@ from torch import nn
 from rapid_llm.distributed import get_tp_rank, get_tp_size
 from rapid_llm.distributed.eplb import (ExpertLoad, ExpertPlacement, balanced_placement, move_experts,
                                         rank_loads)
-from rapid_llm.distributed.expert_parallel import TORCH_ALL_TO_ALL, ExpertParallelLayout, token_share
+from rapid_llm.distributed.expert_parallel import AllToAllDispatcher, ExpertParallelLayout, token_share
 from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.layers.weight_utils import copy_weight
+from rapid_llm.ops.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ class ExpertParallelExperts(FusedExperts):
         self.placement = ExpertPlacement.initial(num_experts, num_slots)
         self.eplb = layout.eplb
         self.load = ExpertLoad(num_experts, layout.eplb.window_size) if layout.eplb is not None else None
-        self.dispatcher = TORCH_ALL_TO_ALL
+        self.dispatcher: AllToAllDispatcher = REGISTRY.select("expert_all_to_all", self.w13_weight.device,
+                                                              self.w13_weight.dtype).fn
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         expert, shard = self.expert_shard(shard_id)
