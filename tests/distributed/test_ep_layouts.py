@@ -1,5 +1,5 @@
-"""Mixed layouts on 2 CPU ranks (gloo) with the scheduler features that change what a step holds: TP-split
-experts and TP attention x EP experts, each with chunked prefill (a 16-token step budget, so a 45-token prompt
+"""Mixed layouts on 2 CPU ranks (gloo) with the scheduler features that change what a step holds: dense TP,
+TP-split experts and TP attention x EP experts (Qwen2-MoE), each with chunked prefill (a 16-token step budget, so a 45-token prompt
 takes three steps) and a prefix-cache hit (a second prompt sharing the first 40 tokens reuses two blocks), with
 async scheduling on (the default) or off. Greedy tokens must be transformers', and the first (chunked) prompt's
 prompt and output logprobs within LOGPROB_TOLERANCE; docs/parallelism.md's layout table cites these cases.
@@ -20,20 +20,24 @@ BLOCK_SIZE = 16
 CACHED = msgspec.structs.replace(GREEDY, prompt_logprobs=None)
 
 
-@pytest.mark.parametrize(("layout", "engine_args"), [
-    pytest.param("TP x EP, async", {"enable_expert_parallel": True}, id="tp-ep-async"),
-    pytest.param("TP x EP, sync", {"enable_expert_parallel": True, "disable_async_scheduling": True},
-                 id="tp-ep-sync", marks=pytest.mark.slow),
-    pytest.param("TP experts, async", {}, id="tp-moe-async", marks=pytest.mark.slow),
+MOE = "Qwen2MoeForCausalLM"
+
+
+@pytest.mark.parametrize(("architecture", "engine_args"), [
+    pytest.param(MOE, {"enable_expert_parallel": True}, id="tp-ep-async"),
+    pytest.param(MOE, {"enable_expert_parallel": True, "disable_async_scheduling": True}, id="tp-ep-sync",
+                 marks=pytest.mark.slow),
+    pytest.param(MOE, {}, id="tp-moe-async", marks=pytest.mark.slow),
+    pytest.param("LlamaForCausalLM", {}, id="tp-dense-async", marks=pytest.mark.slow),
 ])
-def test_chunked_prefill_and_prefix_hits_keep_tokens(tiny_checkpoint, layout: str, engine_args: dict) -> None:
-    checkpoint = tiny_checkpoint("Qwen2MoeForCausalLM")
+def test_chunked_prefill_and_prefix_hits_keep_tokens(tiny_checkpoint, architecture: str, engine_args: dict) -> None:
+    checkpoint = tiny_checkpoint(architecture)
     shared, first_tail, second_tail = random_prompts((40, 5, 7), seed=4)
     prompts = [shared + first_tail, shared + second_tail]
     with LLM(model=str(checkpoint), tensor_parallel_size=2, num_kv_blocks=64, block_size=BLOCK_SIZE,
              max_num_batched_tokens=16, **engine_args) as llm:
         outputs = [llm.generate([prompts[0]], GREEDY)[0], llm.generate([prompts[1]], CACHED)[0]]
-    assert outputs[1].num_cached_tokens == 2 * BLOCK_SIZE, layout
+    assert outputs[1].num_cached_tokens == 2 * BLOCK_SIZE
     hf = hf_model(checkpoint)
     assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
     assert logprob_error(prompts[:1], hf, outputs[:1]) <= LOGPROB_TOLERANCE
