@@ -229,6 +229,9 @@ class ServerArgs:
             raise ValueError("--eplb-config takes effect with --enable-eplb only")
         parallel = ParallelConfig(self.tensor_parallel_size, self.enable_expert_parallel,
                                   EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None)
+        if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
+            raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
+                             "split sizes are not compiled; drop one of the flags")
         parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,
@@ -261,7 +264,9 @@ class ServerArgs:
             op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
-            compilation=CompilationConfig(self.enforce_eager, self.cuda_graph_max_bs, self.enable_torch_compile),
+            # EP's all-to-all reads its split sizes on the host, which a CUDA graph cannot capture: eager decode.
+            compilation=CompilationConfig(self.enforce_eager or parallel.expert_parallel_size > 1,
+                                          self.cuda_graph_max_bs, self.enable_torch_compile),
             parallel=parallel,
         )
 

@@ -30,7 +30,8 @@ class ExpertPlacement:
         self.physical_to_logical = physical_to_logical
         counts = torch.bincount(physical_to_logical, minlength=num_experts)
         if (counts == 0).any():
-            raise ValueError(f"every expert needs a slot; experts without one: {(counts == 0).nonzero().flatten().tolist()}")
+            missing = (counts == 0).nonzero().flatten().tolist()
+            raise ValueError(f"every expert needs a slot; experts without one: {missing}")
         self.replica_counts = counts
         # replicas[e, i]: expert e's i-th slot in slot order (rows padded with its first slot).
         self.replicas = torch.zeros(num_experts, int(counts.max()), dtype=torch.int64)

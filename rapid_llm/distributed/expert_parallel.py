@@ -7,8 +7,9 @@ rank holds the same hidden states after attention. Each rank takes a contiguous 
 weights), computes its experts on what it received, and sends the results back (`combine`). The layer then
 all-reduces, which restores the full batch on every rank.
 The dispatcher is the `expert_all_to_all` op (rapid_llm/ops/catalog.py; the layer selects it for its weights'
-device and dtype), so a GPU library (DeepEP) can register a faster one with the same dispatch/combine. The layout reaches the MoE layers while the worker builds the model
-(`building_expert_parallel`): a context variable, as `torch.device(...)` is a context for the same build.
+device and dtype), so a GPU library (DeepEP) can register a faster one with the same dispatch/combine. The
+layout reaches the MoE layers while the worker builds the model (`building_expert_parallel`): a context
+variable, as `torch.device(...)` is a context for the same build.
 Usage: `with building_expert_parallel(ExpertParallelLayout(eplb)): model = ...`.
 """
 
@@ -75,7 +76,8 @@ class Dispatched:
     recv_counts: list[int]
 
 
-def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int], input_splits: list[int]) -> torch.Tensor:
+def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int],
+              input_splits: list[int]) -> torch.Tensor:
     if get_tp_size() == 1:
         return tensor  # one rank keeps every pair (the op's single-process case, rapid_llm/ops/op_cases.py)
     output = tensor.new_empty((output_rows, *tensor.shape[1:]))

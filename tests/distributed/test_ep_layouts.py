@@ -1,15 +1,14 @@
 """Mixed layouts on 2 CPU ranks (gloo) with the scheduler features that change what a step holds: dense TP,
-TP-split experts and TP attention x EP experts (Qwen2-MoE), each with chunked prefill (a 16-token step budget, so a 45-token prompt
-takes three steps) and a prefix-cache hit (a second prompt sharing the first 40 tokens reuses two blocks), with
-async scheduling on (the default) or off. Greedy tokens must be transformers', and the first (chunked) prompt's
+TP-split experts and TP attention x EP experts (Qwen2-MoE), each with chunked prefill (a 16-token step budget,
+so a 45-token prompt takes three steps) and a prefix-cache hit (a second prompt sharing the first 40 tokens
+reuses two blocks), with async scheduling on (the default) or off. Greedy tokens must be transformers', and the first (chunked) prompt's
 prompt and output logprobs within LOGPROB_TOLERANCE; docs/parallelism.md's layout table cites these cases.
 """
 
 from __future__ import annotations
 
-import pytest
-
 import msgspec
+import pytest
 
 from rapid_llm import LLM
 from tests.distributed.golden import GREEDY, LOGPROB_TOLERANCE, NEW_TOKENS, logprob_error, random_prompts

@@ -1,6 +1,7 @@
 """Expert-parallel layouts that cannot run are refused in the launcher with a message naming the flag: EP on a
 model without experts, EPLB without EP (or on one rank), --eplb-config without --enable-eplb or with a bad
-field, and expert slots that do not divide over the ranks. The flags parse as vLLM spells them."""
+field, expert slots that do not divide over the ranks, and torch.compile; EP forces eager decode (no CUDA graphs).
+The flags parse as vLLM spells them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ EP = {"tensor_parallel_size": 2, "enable_expert_parallel": True}
     ("Qwen3MoeForCausalLM", {**EP, "enable_eplb": True, "eplb_config": {"step_interval": 0}},
      "--eplb-config: window_size and step_interval must be at least 1"),
     ("Qwen3MoeForCausalLM", {**EP, "quantization": "fp8"}, "--tensor-parallel-size 2: quantized linear layers"),
+    ("Qwen3MoeForCausalLM", {**EP, "enable_torch_compile": True},
+     "--enable-torch-compile with --enable-expert-parallel"),
 ])
 def test_unsupported_expert_layout_is_refused(tiny_checkpoint, architecture, args, message) -> None:
     checkpoint = tiny_checkpoint(architecture)
@@ -36,6 +39,15 @@ def test_expert_parallel_on_one_rank_is_a_no_op(tiny_checkpoint) -> None:
     checkpoint = tiny_checkpoint("Qwen3MoeForCausalLM")
     config = ServerArgs(model=str(checkpoint), enable_expert_parallel=True).engine_config(str(checkpoint))
     assert config.parallel.expert_parallel_size == 1
+
+
+def test_expert_parallel_decodes_eagerly(tiny_checkpoint) -> None:
+    """The all-to-all's split sizes are read on the host, so no decode step may be captured in a CUDA graph."""
+    checkpoint = tiny_checkpoint("Qwen3MoeForCausalLM")
+    def eager(**args: object) -> bool:
+        return ServerArgs(model=str(checkpoint), **args).engine_config(str(checkpoint)).compilation.enforce_eager
+
+    assert eager(**EP) and not eager(tensor_parallel_size=2)
 
 
 def test_flags_parse_as_vllm_spells_them() -> None:
