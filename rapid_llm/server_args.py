@@ -227,8 +227,9 @@ class ServerArgs:
         check_supported(model.architecture)
         if self.eplb_config is not None and not self.enable_eplb:
             raise ValueError("--eplb-config takes effect with --enable-eplb only")
-        parallel = ParallelConfig(self.tensor_parallel_size, self.enable_expert_parallel,
-                                  EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None)
+        parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                                  enable_expert_parallel=self.enable_expert_parallel,
+                                  eplb=EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None)
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
                              "split sizes are not compiled; drop one of the flags")
