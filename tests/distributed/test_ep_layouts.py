@@ -1,8 +1,9 @@
 """Mixed layouts on 2 CPU ranks (gloo) with the scheduler features that change what a step holds: dense TP,
-TP-split experts and TP attention x EP experts (Qwen2-MoE), each with chunked prefill (a 16-token step budget,
-so a 45-token prompt takes three steps) and a prefix-cache hit (a second prompt sharing the first 40 tokens
-reuses two blocks), with async scheduling on (the default) or off. Greedy tokens must be transformers', and the first (chunked) prompt's
-prompt and output logprobs within LOGPROB_TOLERANCE; docs/parallelism.md's layout table cites these cases.
+TP-split experts and TP attention x EP experts (Qwen2-MoE, also with EPLB rebalancing every 4 steps), each
+with chunked prefill (a 16-token step budget, so a 45-token prompt takes three steps) and a prefix-cache hit
+(a second prompt sharing the first 40 tokens reuses two blocks), with async scheduling on (the default) or
+off. Greedy tokens must be transformers', and the first (chunked) prompt's prompt and output logprobs within
+LOGPROB_TOLERANCE; docs/parallelism.md's layout table cites these cases.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MOE = "Qwen2MoeForCausalLM"
     pytest.param(MOE, {"enable_expert_parallel": True}, id="tp-ep-async"),
     pytest.param(MOE, {"enable_expert_parallel": True, "disable_async_scheduling": True}, id="tp-ep-sync",
                  marks=pytest.mark.slow),
+    pytest.param(MOE, {"enable_expert_parallel": True, "enable_eplb": True,
+                       "eplb_config": {"num_redundant_experts": 2, "window_size": 4, "step_interval": 4}},
+                 id="tp-ep-eplb-async", marks=pytest.mark.slow),
     pytest.param(MOE, {}, id="tp-moe-async", marks=pytest.mark.slow),
     pytest.param("LlamaForCausalLM", {}, id="tp-dense-async", marks=pytest.mark.slow),
 ])
