@@ -65,12 +65,14 @@ class ExpertLoad:
         self.steps = 0
 
     def record(self, expert_ids: torch.Tensor) -> None:
-        counts = torch.bincount(expert_ids.flatten(), minlength=self.window.shape[1]).cpu()
-        self.window[self.steps % self.window.shape[0]] = counts
+        # The ring lives on the routing's device, so counting never waits for the device.
+        self.window = self.window.to(expert_ids.device)
+        self.window[self.steps % self.window.shape[0]] = torch.bincount(expert_ids.flatten(),
+                                                                        minlength=self.window.shape[1])
         self.steps += 1
 
     def total(self) -> torch.Tensor:
-        return self.window.sum(dim=0)
+        return self.window.sum(dim=0).cpu()
 
 
 def balanced_placement(load: torch.Tensor, num_slots: int, num_ranks: int,
