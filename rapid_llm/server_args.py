@@ -78,6 +78,18 @@ class ServerArgs:
                                       "over (tensor parallelism, torch.distributed: gloo on CPU, NCCL on CUDA); "
                                       "dense Llama-family models only. See docs/parallelism.md.",
                                       "aliases": ("--tp", "--tp-size", "-tp")})
+    data_parallel_size: int = field(default=1, metadata={"help": "Engine replicas (each a scheduler and its "
+                                    "tensor-parallel ranks) behind one frontend. See docs/parallelism.md.",
+                                    "aliases": ("--dp", "--dp-size", "-dp")})
+    load_balance_method: str = field(default="round_robin", metadata={"help": "How the frontend picks a "
+                                     "replica per request: round_robin, shortest_queue (fewest requests in "
+                                     "flight), minimum_tokens (fewest tokens outstanding) or cache_aware "
+                                     "(longest cached prompt prefix, unless that replica is overloaded)."})
+    nnodes: int = field(default=1, metadata={"help": "Hosts one engine's ranks are spread over."})
+    node_rank: int = field(default=0, metadata={"help": "This host's place among --nnodes (0 serves HTTP; the "
+                           "others run only worker ranks)."})
+    dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT of node 0 (multi-node; "
+                                       "PORT and the next 2 + tp ports must be free there)."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})
     op_backend: str | None = field(default=None, metadata={"help": "Pin ops to implementations, e.g. "
@@ -216,7 +228,8 @@ class ServerArgs:
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
                                             self.quantization)
         check_supported(model.architecture)
-        parallel = ParallelConfig(self.tensor_parallel_size)
+        parallel = ParallelConfig(self.tensor_parallel_size, self.data_parallel_size, self.load_balance_method,
+                                  self.nnodes, self.node_rank, self.dist_init_addr)
         parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,
