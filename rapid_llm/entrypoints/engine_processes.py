@@ -158,7 +158,7 @@ class EngineProcesses:
             if not self._stopping.is_set():
                 name = by_sentinel[dead[0]]
                 if name in links:
-                    on_death(name, None)
+                    on_death(name, 0 if NodeLink.said_goodbye(links[name]) else None)
                     return
                 # The sentinel fires as the child exits, a moment before its exit code can be read.
                 self.processes[name].join(STOP_TIMEOUT_S)
@@ -174,8 +174,10 @@ class EngineProcesses:
         return self.info[self.child_name(replica, "scheduler")], self.info[self.child_name(replica, "worker0")]
 
     def shutdown(self) -> None:
-        """Terminate every child, wait for them, and remove the socket files."""
+        """Terminate every child, wait for them, and remove the socket files (other nodes are told first)."""
         self._stopping.set()
+        if self._node_link is not None:
+            self._node_link.close()
         for process in self.processes.values():
             if process.is_alive():
                 process.terminate()
@@ -189,6 +191,4 @@ class EngineProcesses:
                                STOP_TIMEOUT_S)
                 process.kill()
                 process.join()
-        if self._node_link is not None:
-            self._node_link.close()
         self.paths.remove()

@@ -1,9 +1,10 @@
 """A node other than 0 (`--node-rank K`, K > 0): run this node's worker ranks, serve no HTTP, exit with node 0.
 
 Key design choice: a headless node is only a supervisor. Its ranks take plans from node 0's scheduler and
-meet the others in the TCP group; this process waits until one of its ranks exits (node 0's scheduler sends
-every rank Shutdown when it stops, or a rank failed) or the node link to node 0 closes (node 0 is gone,
-however it ended), then stops every child. Exit code 0 when node 0 shut down on request, 1 otherwise.
+meet the others in the TCP group; this process waits until one of its ranks exits (it got Shutdown from
+node 0's scheduler, or failed) or the node link to node 0 ends (with node 0's goodbye: it shut down in
+order; without: it vanished), then stops every child. Exit code 0 when node 0 shut down in order (its
+scheduler's Shutdown or the goodbye), 1 when a rank died or node 0 vanished.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def serve_headless(engine: EngineProcesses) -> int:
         engine.shutdown()
     name, exit_code = outcome[0] if outcome else ("", 0)
     if exit_code == 0:
-        logger.info("the %s process stopped (node 0 shut down); node %d stops", name, parallel.node_rank)
+        logger.info("the %s stopped (node 0 shut down); node %d stops", name, parallel.node_rank)
         return 0
-    what = "the link to node 0 closed" if exit_code is None else f"the {name} process died (exit code {exit_code})"
+    what = ("the link to node 0 closed without a goodbye (node 0 died)" if exit_code is None
+            else f"the {name} process died (exit code {exit_code})")
     logger.error("%s; node %d stops", what, parallel.node_rank)
     return 1
