@@ -1,6 +1,6 @@
 """Two launches on one machine as two nodes (`--nnodes 2`, loopback TCP): node 1 runs rank 1 of a `--tp 2` model
 headless, node 0 serves HTTP with rank 0. A greedy completion equals transformers' (what one node answers, see
-test_tp_server.py); stopping node 0 ends node 1 with nothing left behind; killing node 1's launcher ends node 0
+test_tp_server.py) and its collectives are timed; stopping node 0 ends node 1 with nothing left behind; killing node 1's launcher ends node 0
 with exit code 1 and a line naming it."""
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def test_two_nodes_answer_like_one_and_node0_stopping_ends_node1(nodes, tiny_che
     assert answer["choices"][0]["text"] == tokenizer.decode(hf_greedy(hf_model(checkpoint), [prompt], NEW_TOKENS)[0])
     info = httpx.get(f"{nodes.node0.base_url}/server_info", timeout=5).json()
     assert (info["nnodes"], info["tensor_parallel_size"]) == (2, 2)
+    # Rank 0's all-reduces crossed the nodes and were timed.
+    metrics = nodes.node0.metrics()
+    assert metrics["rapid_llm:collective_calls_total"] > 0 and metrics["rapid_llm:collective_seconds_total"] > 0
     assert set(engine_children(nodes.node0).values()) == {"scheduler", "detokenizer", "worker0"}
     node1_children = child_pids(nodes.node1.pid)
     assert nodes.node0.stop() == 0
