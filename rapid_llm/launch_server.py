@@ -3,8 +3,10 @@
 Everything that can be checked without weights (flags, paths, tokenizer files, architecture, the
 listening port) is checked first, failing with one line. Then the engine children start, so their
 imports and weight loading overlap with the tokenizer load here. The frontend runs in this process
-on uvicorn (uvloop where available). A child that dies later stops the server with a log line and
-a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files.
+on uvicorn (uvloop where available), talking to one engine or, with --data-parallel-size, routing over
+its replicas (`entrypoints/frontend_client.py`). A child that dies later stops the server with a log line
+and a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files. With --node-rank > 0 this
+process serves no HTTP and only supervises that node's worker ranks (`entrypoints/headless.py`).
 """
 
 from __future__ import annotations
