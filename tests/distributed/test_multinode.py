@@ -108,3 +108,13 @@ def test_node1_launcher_killed_ends_node0(nodes) -> None:
     # Node 1's rank notices its launcher's death (parent-death signal) and exits too.
     assert wait_gone(node1_children, timeout=10) == []
     assert_all_gone(nodes.node0, children, "node1-launcher")
+
+
+def test_node_link_port_in_use_is_one_line(tiny_checkpoint) -> None:
+    base = free_port_run(2)
+    with socket.create_server(("127.0.0.1", base + 1)):
+        result = subprocess.run([sys.executable, "-m", "rapid_llm.launch_server", "--model",
+                                 str(tiny_checkpoint("LlamaForCausalLM")), "--tp", "2", "--nnodes", "2",
+                                 "--dist-init-addr", f"127.0.0.1:{base}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f"--dist-init-addr: cannot listen on 127.0.0.1:{base + 1} for the node link" in result.stderr
