@@ -11,6 +11,7 @@ sums the replicas' snapshots (what the unlabelled /metrics families show); `repl
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import Any, AsyncIterator
 
 from rapid_llm.frontend.router import Router
@@ -72,9 +73,11 @@ class DataParallelClient:
                        params: SamplingParams) -> AsyncIterator[TextDelta]:
         replica = self.router.route(request_id, prompt_token_ids, params.max_tokens or 0)
         try:
-            async for delta in self.replicas[replica].generate(request_id, prompt_token_ids, params):
-                self.router.progress(request_id, len(delta.token_ids))
-                yield delta
+            # Closed with this iterator, so a client gone aborts in the replica at once, not when collected.
+            async with aclosing(self.replicas[replica].generate(request_id, prompt_token_ids, params)) as deltas:
+                async for delta in deltas:
+                    self.router.progress(request_id, len(delta.token_ids))
+                    yield delta
         finally:
             self.router.finish(request_id)
 

@@ -1,6 +1,7 @@
 """The real server with `--dp 2` (two replicas of a tiny Llama behind one frontend): concurrent greedy
 completions equal transformers' (what the one-replica server answers, see tests/e2e), both replicas' schedulers
-did work (router and per-replica scheduler metrics, /server_info), and killing one replica's worker ends the
+did work (router and per-replica scheduler metrics, /server_info), a client hanging up mid-stream frees its
+replica at once (the abort reaches the owning scheduler), and killing one replica's worker ends the
 server with exit code 1, a line naming that process, and no process or socket directory left.
 The tests share one server, in file order: the last one kills it."""
 
@@ -70,6 +71,20 @@ def test_dp2_answers_like_transformers_on_both_replicas(served) -> None:
     info = httpx.get(f"{server.base_url}/server_info", timeout=5).json()
     assert info["data_parallel_size"] == 2 and info["load_balance_method"] == "round_robin"
     assert [replica["requests_routed"] for replica in info["dp_replicas"]] == [2, 2]
+
+
+def test_a_client_gone_mid_stream_frees_its_replica(served) -> None:
+    server, _ = served
+    body = {"prompt": "keep going", "max_tokens": LONG_TOKENS, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk arrived: the request runs on a replica; now hang up
+    metrics = server.wait_until_idle(timeout=10)
+    assert metrics["rapid_llm:kv_cache_blocks_used"] == 0 and metrics["rapid_llm:num_requests_running"] == 0
+    text = httpx.get(f"{server.base_url}/metrics", timeout=5).text
+    assert per_replica(text, "dp_requests_in_flight") == {"0": 0.0, "1": 0.0}
+    assert per_replica(text, "dp_outstanding_tokens") == {"0": 0.0, "1": 0.0}
 
 
 def test_one_replica_dying_brings_the_server_down(served) -> None:
