@@ -50,3 +50,17 @@ for mode in graphs eager; do
     done
     kill -TERM "$server"; wait "$server"
 done
+# Tensor and data parallelism over NCCL (docs/parallelism.md): needs 2 GPUs, skipped with a line otherwise.
+# The TP golden tests (LLM tensor_parallel_size=2 against transformers), the DP offline test, then
+# bench_parallel.py at tp1/tp2/dp2 with the collectives timed (RAPID_LLM_TIME_COLLECTIVES=1 synchronizes around
+# each one; CUDA graphs would bypass the timers, hence --enforce-eager). Bounded like the rest.
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+if ((gpus >= 2)); then
+    timeout 600 python3 -m pytest tests/distributed/test_tp_golden.py tests/distributed/test_dp_offline.py -q \
+        -p no:cacheprovider 2>&1 | tee "$OUT/parallel-tests.txt"
+    RAPID_LLM_TIME_COLLECTIVES=1 timeout 900 python3 benchmarks/bench_parallel.py --model /tmp/gpu-llama-100m \
+        --layouts tp1,tp2,dp2 --input-len 512 --output-len 128 --num-prompts 64 --max-concurrency 16 \
+        --server-args "--enforce-eager" --out "$OUT/parallel.json" 2>&1 | tee "$OUT/parallel.txt"
+else
+    echo "parallel (NCCL) check skipped: $gpus GPU(s) visible, TP/DP need 2" | tee "$OUT/parallel.txt"
+fi

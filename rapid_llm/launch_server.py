@@ -3,8 +3,10 @@
 Everything that can be checked without weights (flags, paths, tokenizer files, architecture, the
 listening port) is checked first, failing with one line. Then the engine children start, so their
 imports and weight loading overlap with the tokenizer load here. The frontend runs in this process
-on uvicorn (uvloop where available). A child that dies later stops the server with a log line and
-a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files.
+on uvicorn (uvloop where available), talking to one engine or, with --data-parallel-size, routing over
+its replicas (`entrypoints/frontend_client.py`). A child that dies later stops the server with a log line
+and a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files. With --node-rank > 0 this
+process serves no HTTP and only supervises that node's worker ranks (`entrypoints/headless.py`).
 """
 
 from __future__ import annotations
@@ -69,17 +71,18 @@ def _serve(args: ServerArgs, started: float) -> int:
     # Cheapest checks first, so a typo is reported before the heavier imports below.
     try:
         args.check_http()
-        listening_socket = bind_listening_socket(args.host, args.port)
+        # A node other than 0 serves no HTTP.
+        listening_socket = bind_listening_socket(args.host, args.port) if args.node_rank == 0 else None
         model_dir = model_dir_or_demo(args.model)
         config = args.engine_config(model_dir)
         frontend_options = args.frontend_options(config.sampling_defaults)
     except (ValueError, OSError) as error:
         logger.error("invalid configuration: %s", error)
         return 2
-    import rapid_llm
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
+    from rapid_llm.entrypoints.frontend_client import frontend_client
+    from rapid_llm.entrypoints.headless import serve_headless
     from rapid_llm.frontend.app import build_app
-    from rapid_llm.frontend.tokenizer_manager import TokenizerManager
     from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
@@ -91,24 +94,22 @@ def _serve(args: ServerArgs, started: float) -> int:
                 _on_off(scheduler.enable_prefix_caching), _on_off(scheduler.async_scheduling),
                 _on_off(args.api_key is not None))
 
-    engine = EngineProcesses(config)
+    try:
+        engine = EngineProcesses(config)
+    except ValueError as error:
+        logger.error("invalid configuration: %s", error)
+        return 2
+    if config.parallel.node_rank > 0:
+        return serve_headless(engine)
     try:
         tokenizer = engine.start_while(
             lambda: load_tokenizer(config.tokenizer, args.trust_remote_code))
-    except (EngineStartupError, OSError, ValueError) as error:
+    except (EngineStartupError, OSError, ValueError, RuntimeError) as error:
         logger.error("start-up failed: %s", error)
         return 1
 
-    worker_info = engine.info["worker0"]
-    server_info = {**config.summary(), "num_kv_blocks": engine.info["scheduler"]["num_kv_blocks"],
-                   "kv_cache_tokens": worker_info["kv_cache_tokens"], "kv_cache_bytes": worker_info["kv_cache_bytes"],
-                   "weight_bytes": worker_info["weight_bytes"],
-                   "ops": worker_info["ops"], "cpu_threads": worker_info["cpu_threads"], "version": rapid_llm.__version__}
-    manager = TokenizerManager(engine.paths, tokenizer, config.served_model_name, model_dir,
-                               config.model.max_model_len, config.model.vocab_size, engine.is_alive,
-                               config.scheduler.enable_prefix_caching, server_info,
-                               watchdog_timeout=config.scheduler.watchdog_timeout)
-    app = build_app(manager, frontend_options)
+    manager, collectors = frontend_client(engine, tokenizer, model_dir)
+    app = build_app(manager, frontend_options, collectors)
     # A bounded graceful shutdown: requests still open after the grace period end with an error, not a hang.
     server = HttpServer(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_timeout),
                         end_streams=lambda: manager.fail_all("the server is shutting down"),

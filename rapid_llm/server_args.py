@@ -86,6 +86,18 @@ class ServerArgs:
     eplb_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "EPLB settings as vLLM "
                                                      "spells them, a JSON object: {\"num_redundant_experts\": 2, "
                                                      "\"window_size\": 1000, \"step_interval\": 3000}."})
+    data_parallel_size: int = field(default=1, metadata={"help": "Engine replicas (each a scheduler and its "
+                                    "tensor-parallel ranks) behind one frontend. See docs/parallelism.md.",
+                                    "aliases": ("--dp", "--dp-size", "-dp")})
+    load_balance_method: str = field(default="round_robin", metadata={"help": "How the frontend picks a "
+                                     "replica per request: round_robin, shortest_queue (fewest requests in "
+                                     "flight), minimum_tokens (fewest tokens outstanding) or cache_aware "
+                                     "(longest cached prompt prefix, unless that replica is overloaded)."})
+    nnodes: int = field(default=1, metadata={"help": "Hosts one engine's ranks are spread over."})
+    node_rank: int = field(default=0, metadata={"help": "This host's place among --nnodes (0 serves HTTP; the "
+                           "others run only worker ranks)."})
+    dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT of node 0 (multi-node; "
+                                       "PORT and the next 2 + tp ports must be free there)."})
     attention_backend: str = field(default="auto", metadata={"help": "Alias of --op-backend attention=NAME; "
                                    "auto lets the op registry choose."})
     op_backend: str | None = field(default=None, metadata={"help": "Pin ops to implementations, e.g. "
@@ -229,7 +241,10 @@ class ServerArgs:
             raise ValueError("--eplb-config takes effect with --enable-eplb only")
         parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                   enable_expert_parallel=self.enable_expert_parallel,
-                                  eplb=EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None)
+                                  eplb=EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None,
+                                  data_parallel_size=self.data_parallel_size,
+                                  load_balance_method=self.load_balance_method, nnodes=self.nnodes,
+                                  node_rank=self.node_rank, dist_init_addr=self.dist_init_addr)
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
                              "split sizes are not compiled; drop one of the flags")

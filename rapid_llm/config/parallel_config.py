@@ -3,10 +3,12 @@
 `--tensor-parallel-size N` (alias `--tp`, `-tp`, `--tp-size`: vLLM's and SGLang's spellings) starts N worker
 ranks in one torch.distributed group; `--enable-expert-parallel` partitions MoE experts over that group instead
 of splitting each expert (EP size = TP size, vLLM's TP x DP with DP 1), and `--enable-eplb` adds load-balanced
-redundant experts (EPLBConfig). Which architectures shard is decided here, in the launcher and without torch,
-so a layout that cannot run fails before any child starts with a message naming the flag: the dense Llama
-family, the MoE models (Mixtral, Qwen2/3-MoE) and DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized
-linears do not. See docs/parallelism.md.
+redundant experts (EPLBConfig). `--data-parallel-size D` runs D such replicas (each a scheduler, a detokenizer
+and its N ranks) behind one frontend that routes requests by `--load-balance-method`;
+`--nnodes/--node-rank/--dist-init-addr` spread one replica's ranks over hosts. Which architectures shard is
+decided here, in the launcher and without torch, so a layout that cannot run fails before any child starts
+with a message naming the flag: the dense Llama family, the MoE models (Mixtral, Qwen2/3-MoE) and
+DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized linears do not. See docs/parallelism.md.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ FLAG = "--tensor-parallel-size"
 EP_FLAG = "--enable-expert-parallel"
 MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                                "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens", "cache_aware")
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM"}) | MOE_ARCHITECTURES
 
@@ -34,10 +37,32 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     eplb: EPLBConfig | None = None  # set: --enable-eplb
+    data_parallel_size: int = 1
+    load_balance_method: str = "round_robin"
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # "host:port" of node 0 (multi-node only)
+    data_parallel_rank: int = 0  # the replica a worker belongs to (set per replica by the launcher)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"{FLAG} must be at least 1, got {self.tensor_parallel_size}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ValueError(f"--load-balance-method {self.load_balance_method!r} must be one of "
+                             f"{', '.join(LOAD_BALANCE_METHODS)}")
+        if self.nnodes > 1:
+            from rapid_llm.config.node_layout import check_node_layout
+
+            check_node_layout(self)
+        elif self.nnodes < 1 or self.node_rank != 0:
+            raise ValueError(f"--nnodes {self.nnodes} --node-rank {self.node_rank}: need nnodes >= 1 and "
+                             "0 <= node-rank < nnodes")
+        if self.enable_expert_parallel and self.data_parallel_size > 1:
+            raise ValueError(f"{EP_FLAG} with --data-parallel-size {self.data_parallel_size}: experts are "
+                             "partitioned inside one replica's tensor-parallel group only (EP across DP "
+                             "replicas is not built); use one of the two")
         if self.eplb is not None and self.expert_parallel_size < 2:
             raise ValueError(f"--enable-eplb balances experts over expert-parallel ranks: it needs {EP_FLAG} "
                              f"and {FLAG} of at least 2")
@@ -49,7 +74,19 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
+        """Ranks of one replica's torch.distributed group (over every node)."""
         return self.tensor_parallel_size
+
+    @property
+    def local_ranks(self) -> range:
+        """The ranks of each replica that run on this node."""
+        per_node = self.world_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
+    def device_index(self, rank: int) -> int:
+        """`rank`'s CUDA device on its node: each replica takes the next block of the node's devices."""
+        local = self.local_ranks
+        return self.data_parallel_rank * len(local) + rank - local.start
 
     def check_model(self, model: ModelConfig) -> None:
         """Raise ValueError naming the flag unless every layer of `model` splits over the ranks."""

@@ -4,12 +4,15 @@ The tensor-parallel group is the whole torch.distributed world (no other paralle
 rank and size are read from torch.distributed itself: no module state of our own. A worker joins the group
 (`process_group.init_worker_group`) before it builds the model, and layers read the size when they shard
 weights. Without a group (one rank) every collective is the identity and torch.distributed is never touched.
+Every collective is timed (`collective_timer.py`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from rapid_llm.distributed.collective_timer import timed
 
 
 def get_tp_rank() -> int:
@@ -23,14 +26,16 @@ def get_tp_size() -> int:
 def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over the ranks, in place."""
     if get_tp_size() > 1:
-        dist.all_reduce(tensor)
+        with timed(tensor.device):
+            dist.all_reduce(tensor)
     return tensor
 
 
 def tp_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Every rank's `tensor` becomes rank `src`'s (in place)."""
     if get_tp_size() > 1:
-        dist.broadcast(tensor, src)
+        with timed(tensor.device):
+            dist.broadcast(tensor, src)
     return tensor
 
 
@@ -51,5 +56,6 @@ def tp_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if size == 1:
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(size)]
-    dist.all_gather(parts, tensor.contiguous())
+    with timed(tensor.device):
+        dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts, dim=dim)

@@ -8,7 +8,9 @@ A choice the engine ends with an error (refused, or failed in the worker) does n
 with finish_reason "abort" and `CompletionOutput.error` saying why, and the other choices keep
 their results. Beam search: `SamplingParams(use_beam_search=True, ...)` or `beam_search(...)`; its n best
 beams are the prompt's outputs. Speculative decoding: `LLM(..., speculative_config={"method": "ngram",
-"num_speculative_tokens": 3})`, the dict form of `--speculative-config`.
+"num_speculative_tokens": 3})`, the dict form of `--speculative-config`. Data parallelism:
+`LLM(..., data_parallel_size=2)` spreads the requests over the replicas with the frontend's Router
+(`load_balance_method`), each request's abort going to the replica that owns it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Sequence
 import zmq
 
 from rapid_llm.entrypoints.engine_processes import EngineProcesses
+from rapid_llm.frontend.router import Router
 from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch
 from rapid_llm.ipc.sockets import Receiver, Sender
@@ -75,9 +78,15 @@ class LLM:
         self._context = zmq.Context()
         self.tokenizer = self._engine.start_while(
             lambda: load_tokenizer(self.config.tokenizer, args.trust_remote_code))
-        self._requests = Sender(self._context, self._engine.paths.frontend_to_scheduler)
-        self._texts: Receiver[TextBatch] = Receiver(self._context, self._engine.paths.detokenizer_to_frontend,
-                                                    TextBatch)
+        replica_paths = self._engine.replica_paths
+        self._requests = [Sender(self._context, paths.frontend_to_scheduler) for paths in replica_paths]
+        self._texts: list[Receiver[TextBatch]] = [Receiver(self._context, paths.detokenizer_to_frontend, TextBatch)
+                                                  for paths in replica_paths]
+        self._poller = zmq.Poller()
+        for receiver in self._texts:
+            self._poller.register(receiver.socket, zmq.POLLIN)
+        self._router = Router(len(replica_paths), self.config.parallel.load_balance_method,
+                              self.config.cache.block_size, self._engine.replica_info(0)[0]["num_kv_blocks"])
         self._request_ids = (f"offline-{next(_instance_ids)}-{i}" for i in itertools.count())
         atexit.register(self.shutdown)
 
@@ -119,15 +128,22 @@ class LLM:
         unfinished = set(choices)
         try:
             for request in requests:
-                self._requests.send(request)
+                replica = self._router.route(request.request_id, request.prompt_token_ids,
+                                             request.params.max_tokens or 0)
+                self._requests[replica].send(request)
             self._collect(choices, unfinished)
             for result in results:
                 _expand_beams(result)
         except BaseException:
             # Interrupted (Ctrl-C) or failed: stop what is still running so the next call starts clean.
             for request_id in unfinished:
-                self._requests.send(AbortRequest(request_id))
+                replica = self._router.replica_of(request_id)
+                if replica is not None:
+                    self._requests[replica].send(AbortRequest(request_id))
             raise
+        finally:
+            for request in requests:
+                self._router.finish(request.request_id)
         return results
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], beam_width: int, max_tokens: int, n: int = 1,
@@ -145,15 +161,18 @@ class LLM:
         while unfinished:
             if not self._engine.is_alive():
                 raise RuntimeError("an engine process died; see the log above")
-            if not self._texts.socket.poll(1000):
-                continue
-            for delta in self._texts.recv().deltas:
-                choice = choices.get(delta.request_id)
-                if choice is None or delta.request_id not in unfinished:
+            ready = dict(self._poller.poll(1000))
+            for receiver in self._texts:
+                if receiver.socket not in ready:
                     continue
-                choice.add(delta)
-                if delta.finish_reason is not None:
-                    unfinished.discard(delta.request_id)
+                for delta in receiver.recv().deltas:
+                    choice = choices.get(delta.request_id)
+                    if choice is None or delta.request_id not in unfinished:
+                        continue
+                    choice.add(delta)
+                    self._router.progress(delta.request_id, len(delta.token_ids))
+                    if delta.finish_reason is not None:
+                        unfinished.discard(delta.request_id)
 
     def shutdown(self) -> None:
         """Stop the engine processes and remove their sockets (safe to call twice)."""

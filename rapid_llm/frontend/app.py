@@ -13,8 +13,9 @@ import logging
 import secrets
 import time
 import uuid
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -93,9 +94,13 @@ async def flush_cache(serving: Serving, request: Request) -> Response:
     return json_response({"flushed": True})
 
 
-def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()) -> Starlette:
-    """The HTTP app serving `engine` with the limits, API key and chat-template policy of `options`."""
+def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions(),
+              collectors: Sequence[Collector] = ()) -> Starlette:
+    """The HTTP app serving `engine` with the limits, API key and chat-template policy of `options`;
+    `collectors` add families to /metrics (the data-parallel replicas')."""
     serving = Serving(engine, FrontendMetrics(engine.model_name), options)
+    for collector in collectors:
+        serving.metrics.registry.register(collector)
     created = int(time.time())
 
     async def models(request: Request) -> Response:

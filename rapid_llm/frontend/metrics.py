@@ -62,6 +62,9 @@ class _SchedulerCounters(Collector):
              self.stats.spec_decode_num_drafts),
             ("spec_decode_num_draft_tokens", "Draft tokens verified.", self.stats.spec_decode_num_draft_tokens),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", self.stats.spec_decode_num_accepted_tokens),
+            ("collective_seconds", "Seconds tensor-parallel rank 0 spent in collectives (summed over replicas).",
+             self.stats.collective_seconds),
+            ("collective_calls", "Tensor-parallel collectives rank 0 ran.", self.stats.collective_calls),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)

@@ -175,6 +175,9 @@ class StepResult(_Message):
     failures: list[SlotFailure] = []
     prompt_logprobs: list[PromptLogprobs] = []
     num_accepted: list[int] = []
+    # Rank 0's time in tensor-parallel collectives since start, and their number (distributed/collective_timer.py).
+    collective_seconds: float = 0.0
+    collective_calls: int = 0
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -265,6 +268,8 @@ class SchedulerStats(_Message):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
+    collective_seconds: float = 0.0  # the latest StepResult's totals
+    collective_calls: int = 0
 
 
 class FlushCacheResult(_Message):

@@ -6,10 +6,14 @@ was killed (SIGKILL) cannot remove its own, so each new launch sweeps the direct
 whose pid is no longer alive (the pid is in the directory name). Receivers
 block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning; in an engine
 child that wait also watches the signal wakeup fd (`utils.signal_wakeup`).
+Data-parallel replicas share the directory, each with its own prefixed set of sockets. A channel that
+crosses hosts (multi-node: the step plans of a remote rank) is a `tcp://` address on node 0, which only
+node 0 knows, so its sender binds and its receiver connects (`sender_binds`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -61,11 +65,19 @@ class IpcPaths:
 
     @classmethod
     def create(cls, num_ranks: int) -> "IpcPaths":
+        return cls.create_replicas(num_ranks, 1)[0]
+
+    @classmethod
+    def create_replicas(cls, num_ranks: int, num_replicas: int) -> list["IpcPaths"]:
+        """One launch directory holding every replica's sockets (replica 0's names are unprefixed)."""
         remove_stale_socket_dirs()
         directory = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-")
+        return [cls._in(directory, num_ranks, f"dp{replica}-" if replica else "") for replica in range(num_replicas)]
 
+    @classmethod
+    def _in(cls, directory: str, num_ranks: int, prefix: str) -> "IpcPaths":
         def address(name: str) -> str:
-            return f"ipc://{os.path.join(directory, name)}"
+            return f"ipc://{os.path.join(directory, prefix + name)}"
 
         return cls(
             directory=directory,
@@ -77,17 +89,30 @@ class IpcPaths:
             scheduler_to_workers=tuple(address(f"scheduler-worker{rank}") for rank in range(num_ranks)),
         )
 
+    def with_plan_channels(self, channels: dict[int, str]) -> "IpcPaths":
+        """These paths with the step-plan channels of the ranks in `channels` replaced (remote ranks)."""
+        plans = tuple(channels.get(rank, address) for rank, address in enumerate(self.scheduler_to_workers))
+        return dataclasses.replace(self, scheduler_to_workers=plans)
+
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def sender_binds(address: str) -> bool:
+    """Whether the sending end binds `address`: a tcp:// channel crosses hosts and lives on node 0."""
+    return address.startswith("tcp://")
+
+
 class Sender:
-    """PUSH end of a channel; the receiving process binds, so start order does not matter."""
+    """PUSH end of a channel; the receiving process binds (tcp: the sender), so start order does not matter."""
 
     def __init__(self, context: zmq.Context, address: str) -> None:
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(address)
+        if sender_binds(address):
+            self.socket.bind(address)
+        else:
+            self.socket.connect(address)
         self._encoder = msgspec.msgpack.Encoder()
 
     def send(self, message: Any) -> None:
@@ -115,7 +140,10 @@ class Receiver(Generic[T]):
     def __init__(self, context: zmq.Context, address: str, message_type: Any) -> None:
         self.socket = context.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(address)
+        if sender_binds(address):
+            self.socket.connect(address)
+        else:
+            self.socket.bind(address)
         self._decoder = msgspec.msgpack.Decoder(message_type)
         self._poller: zmq.Poller | None = None
         if wakeup_fd() is not None:

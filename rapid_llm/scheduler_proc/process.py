@@ -72,6 +72,7 @@ class SchedulerLoop:
         if wakeup_fd() is not None:
             self.poller.register(wakeup_fd(), zmq.POLLIN)
         self._last_stats: SchedulerStats | None = None
+        self._collectives = (0.0, 0)  # rank 0's collective totals, from its latest result
         self._throughput = _ThroughputLog()
         self._watchdog = StepWatchdog(config.watchdog_timeout)
 
@@ -120,6 +121,7 @@ class SchedulerLoop:
         if isinstance(message, WorkerFailed):
             raise WorkerFailedError(f"worker failed: {message.error}")
         if isinstance(message, StepResult):
+            self._collectives = (message.collective_seconds, message.collective_calls)
             self.scheduler.process_result(message)
             self._watchdog.progressed()
             self._throughput.count_generated(len(message.token_ids))
@@ -128,7 +130,8 @@ class SchedulerLoop:
         outputs = self.scheduler.take_outputs()
         if outputs is not None:
             self.detokenizer.send(outputs)
-        stats = self.scheduler.stats()
+        stats = msgspec.structs.replace(self.scheduler.stats(), collective_seconds=self._collectives[0],
+                                        collective_calls=self._collectives[1])
         if stats != self._last_stats:
             # A dropped snapshot stays unpublished, so the next pass through the loop sends it again.
             if self.frontend.send_if_room(stats):

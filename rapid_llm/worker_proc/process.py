@@ -27,6 +27,7 @@ import zmq
 from rapid_llm.config import EngineConfig
 from rapid_llm.distributed import tp_min
 from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
+from rapid_llm.distributed.collective_timer import collective_totals
 from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
@@ -42,8 +43,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
     configure_child(config.log_level)
     world_size = config.parallel.world_size
     try:
-        init_worker_group(rank, world_size, dist_init_method, config.device.type)
         parallel = config.parallel
+        init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank))
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
@@ -51,7 +52,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         cpu_threads = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.
-            cpu_threads, reason = choose_cpu_threads(runner.model, max(1, torch.get_num_threads() // world_size))
+            share = max(1, torch.get_num_threads() // (len(parallel.local_ranks) * parallel.data_parallel_size))
+            cpu_threads, reason = choose_cpu_threads(runner.model, share)
             torch.set_num_threads(cpu_threads)
             logger.info("CPU threads: %d (%s)", cpu_threads, reason)
         context = zmq.Context()
@@ -110,4 +112,5 @@ def _send(results: Sender | None, worker: Worker, pending: PendingResult, rank: 
             results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
         sys.exit(1)
     if results is not None:
+        result.collective_seconds, result.collective_calls = collective_totals()
         results.send(result)
