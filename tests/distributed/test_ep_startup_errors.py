@@ -1,6 +1,6 @@
 """Expert-parallel layouts that cannot run are refused in the launcher with a message naming the flag: EP on a
 model without experts, EPLB without EP (or on one rank), --eplb-config without --enable-eplb or with a bad
-field, expert slots that do not divide over the ranks, and torch.compile; EP forces eager decode (no CUDA graphs).
+field, expert slots that do not divide over the ranks, torch.compile, and EP across DP replicas; EP forces eager decode (no CUDA graphs).
 The flags parse as vLLM spells them."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ EP = {"tensor_parallel_size": 2, "enable_expert_parallel": True}
     ("Qwen3MoeForCausalLM", {**EP, "quantization": "fp8"}, "--tensor-parallel-size 2: quantized linear layers"),
     ("Qwen3MoeForCausalLM", {**EP, "enable_torch_compile": True},
      "--enable-torch-compile with --enable-expert-parallel"),
+    ("Qwen3MoeForCausalLM", {**EP, "data_parallel_size": 2},
+     "--enable-expert-parallel with --data-parallel-size 2: experts are partitioned inside one replica's"),
 ])
 def test_unsupported_expert_layout_is_refused(tiny_checkpoint, architecture, args, message) -> None:
     checkpoint = tiny_checkpoint(architecture)
