@@ -25,8 +25,20 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     num_speculative_tokens: int
     prompt_lookup_min: int = 1  # shortest n-gram matched (ngram)
     prompt_lookup_max: int = 4  # longest n-gram matched, tried first (ngram)
+    # Adaptive off (spec_decode/adaptive.py): a request whose acceptance over its last `acceptance_window`
+    # verifications is below `acceptance_threshold` (0 turns this off) stops drafting for
+    # `probe_after_tokens` plain tokens (doubling after each failed probe).
+    acceptance_threshold: float = 0.1
+    acceptance_window: int = 8
+    probe_after_tokens: int = 64
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.acceptance_threshold <= 1.0:
+            raise ValueError(f"acceptance_threshold must be in [0, 1], got {self.acceptance_threshold}")
+        if self.acceptance_window < 1:
+            raise ValueError(f"acceptance_window must be at least 1, got {self.acceptance_window}")
+        if self.probe_after_tokens < 1:
+            raise ValueError(f"probe_after_tokens must be at least 1, got {self.probe_after_tokens}")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
         if self.prompt_lookup_min < 1:

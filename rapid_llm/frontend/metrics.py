@@ -62,6 +62,8 @@ class _SchedulerCounters(Collector):
              self.stats.spec_decode_num_drafts),
             ("spec_decode_num_draft_tokens", "Draft tokens verified.", self.stats.spec_decode_num_draft_tokens),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", self.stats.spec_decode_num_accepted_tokens),
+            ("spec_decode_num_disables", "Times a request stopped drafting: acceptance below the threshold.",
+             self.stats.spec_decode_num_disables),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)

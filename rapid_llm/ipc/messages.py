@@ -265,6 +265,7 @@ class SchedulerStats(_Message):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
+    spec_decode_num_disables: int = 0  # requests paused by adaptive off (low acceptance)
 
 
 class FlushCacheResult(_Message):

@@ -458,6 +458,7 @@ class Scheduler:
             spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
             spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
             spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
+            spec_decode_num_disables=self._speculation.adaptive.num_disables if counters else 0,
         )
 
     @property

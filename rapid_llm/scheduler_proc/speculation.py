@@ -21,6 +21,7 @@ from rapid_llm.ipc.messages import Rollback
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState
+from rapid_llm.spec_decode.adaptive import AdaptiveOff
 from rapid_llm.spec_decode.registry import build_proposer
 
 
@@ -59,13 +60,14 @@ class Speculation:
         self.config = config
         self.proposer = build_proposer(config)
         self.counters = SpeculationCounters()
+        self.adaptive = AdaptiveOff(config)
 
     def propose(self, running: Sequence[RequestState]) -> dict[RequestState, list[int]]:
         """Drafts for every running request that may speculate now: it decodes (all its tokens known, all but
         the last computed), with room for at least one draft under max_tokens and max_model_len."""
         ready, limits = [], []
         for request in running:
-            if not request.speculates or request.num_placeholders:
+            if not self.adaptive.may_draft(request) or not request.speculates or request.num_placeholders:
                 continue
             if request.num_computed_tokens != request.num_tokens - 1:
                 continue  # a prefill chunk never speculates
@@ -100,6 +102,7 @@ class Speculation:
         keep = blocks.blocks_for_tokens(request.num_computed_tokens)
         blocks.free(reversed(request.block_ids[keep:]))
         del request.block_ids[keep:]
+        self.adaptive.record(request, len(drafts), num_accepted)
         return [*drafts[:num_accepted], token_id]
 
     @staticmethod
