@@ -26,7 +26,7 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     prompt_lookup_min: int = 1  # shortest n-gram matched (ngram)
     prompt_lookup_max: int = 4  # longest n-gram matched, tried first (ngram)
     # Adaptive off (spec_decode/adaptive.py): a request whose acceptance over its last `acceptance_window`
-    # verifications is below `acceptance_threshold` (0 turns this off) stops drafting for
+    # draft opportunities (a step without drafts: all rejected) is below `acceptance_threshold` (0 turns this off) stops drafting for
     # `probe_after_tokens` plain tokens (doubling after each failed probe).
     acceptance_threshold: float = 0.1
     acceptance_window: int = 8

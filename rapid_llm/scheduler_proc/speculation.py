@@ -79,6 +79,7 @@ class Speculation:
         if not ready:
             return {}
         proposals = self.proposer.propose([request.known_token_ids() for request in ready], limits)
+        self.adaptive.record_empty(ready, limits, proposals)
         return {request: proposal.token_ids for request, proposal in zip(ready, proposals) if proposal.token_ids}
 
     def verified(self, request: RequestState, num_accepted: int, token_id: int,

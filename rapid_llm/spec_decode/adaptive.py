@@ -1,16 +1,19 @@
 """Adaptive off: a request whose drafts are rarely accepted stops drafting, and probes again later.
 
-Per request, the acceptance rate over its last `acceptance_window` verifications (accepted / drafted
-tokens). Once the window is full and the rate is below `acceptance_threshold`, the request is paused: it
-decodes plain tokens (and, with async scheduling, overlaps its steps again). After `probe_after_tokens`
+Per request, the acceptance over its last `acceptance_window` draft opportunities (decode steps where it could
+draft): accepted / offered draft tokens, where a step on which the proposer found nothing counts its k
+offered tokens as rejected -- such a step still runs lock-step (a speculating request is not planned ahead)
+and gains nothing. Once the window is full and the rate is below `acceptance_threshold`, the request pauses:
+it decodes plain tokens and, with async scheduling, overlaps its steps again. After `probe_after_tokens`
 plain output tokens it drafts again with an empty window; each pause that follows a probe doubles the wait
 (at most `_MAX_BACKOFF` times the base), a window that passes resets it. Torch-free, scheduler-side; the
 state is keyed weakly by the request, so finished requests leave nothing behind.
 
 Usage:
     adaptive = AdaptiveOff(config)
-    if adaptive.may_draft(request): ...            # before proposing
-    adaptive.record(request, num_drafted, num_accepted)   # after each verification
+    if adaptive.may_draft(request): ...                   # before proposing
+    adaptive.record_empty(requests, limits, proposals)     # after proposing: the steps without drafts
+    adaptive.record(request, num_drafted, num_accepted)    # after each verification
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from rapid_llm.config.speculative_config import SpeculativeConfig
+from rapid_llm.spec_decode.proposer import Proposal
 
 if TYPE_CHECKING:
     from rapid_llm.scheduler_proc.request_state import RequestState
@@ -62,8 +66,15 @@ class AdaptiveOff:
         self.num_probes += 1
         return True
 
+    def record_empty(self, requests: Sequence[RequestState], limits: Sequence[int],
+                     proposals: Sequence[Proposal]) -> None:
+        """Count each request the proposer offered no draft as `limit` drafted tokens, none accepted."""
+        for request, limit, proposal in zip(requests, limits, proposals):
+            if not proposal.token_ids:
+                self.record(request, limit, 0)
+
     def record(self, request: RequestState, num_drafted: int, num_accepted: int) -> None:
-        """Count one verification; pause the request when its windowed acceptance is below the threshold."""
+        """Count one draft opportunity; pause the request when its windowed acceptance is below the threshold."""
         if not self.enabled or num_drafted == 0:
             return
         track = self._tracks.get(request)
@@ -84,7 +95,7 @@ class AdaptiveOff:
             track.backoff = min(2 * track.backoff, _MAX_BACKOFF)
         track.probing = False
         track.window.clear()
-        # num_output_tokens already counts this verification's tokens (placeholders until they are appended).
+        # num_output_tokens counts every token of the steps so far, a verification's placeholders included.
         track.resume_at = request.num_output_tokens + track.backoff * self.probe_after
         # Not speculating lets the scheduler plan the request's steps ahead again (async scheduling).
         request.speculates = False

@@ -1,7 +1,7 @@
 """Adaptive off (spec_decode/adaptive.py): the windowed acceptance rule, pauses and probes with their backoff,
-the config's bounds, and the scheduler with a fake worker -- a request whose drafts are always rejected stops
-drafting and probes again, its tokens and the block accounting unchanged; well-accepted requests never pause;
-the pause counter reaches /metrics."""
+the config's bounds, and the scheduler with a fake worker -- a request whose drafts are always rejected, or
+that the proposer never offers drafts, stops drafting and probes again, its tokens and the block accounting
+unchanged, and is planned ahead again; well-accepted requests never pause; the counter reaches /metrics."""
 
 from __future__ import annotations
 
@@ -16,9 +16,21 @@ from rapid_llm.ipc.messages import SchedulerStats
 from rapid_llm.scheduler_proc.request_state import RequestState
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.spec_decode.adaptive import AdaptiveOff
+from rapid_llm.spec_decode.proposer import Proposal, Proposer
+from rapid_llm.spec_decode.registry import register_proposer
 from tests.unit.fake_engine import FakeEngine
 from tests.unit.test_frontend_metrics import metric
 from tests.unit.test_scheduler import make_config, request
+
+
+class _NoDrafts(Proposer):
+    """Finds nothing, as n-gram lookup on text without repeats."""
+
+    def propose(self, contexts, max_drafts) -> list[Proposal]:
+        return [Proposal() for _ in contexts]
+
+
+register_proposer("mock-none", _NoDrafts)
 
 
 def _config(**fields: object) -> SpeculativeConfig:
@@ -125,18 +137,33 @@ def test_rejected_drafts_pause_speculation_without_changing_tokens(depth: int,
     assert stats.spec_decode_num_draft_tokens < plain.spec_decode_num_draft_tokens / 2
 
 
-def test_a_paused_request_is_planned_ahead_again() -> None:
-    speculative = SpeculativeConfig(method="mock-wrong", num_speculative_tokens=2, acceptance_threshold=0.5,
+def test_steps_without_drafts_count_as_rejected_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = _long_workload()
+    monkeypatch.setattr(spec_tests, "SpeculativeConfig", partial(SpeculativeConfig, acceptance_threshold=0.0))
+    _, never, _ = spec_tests.run(requests, "mock-none", 2)
+    monkeypatch.setattr(spec_tests, "SpeculativeConfig", partial(
+        SpeculativeConfig, acceptance_threshold=0.2, acceptance_window=3, probe_after_tokens=6))
+    outcomes, scheduler, _ = spec_tests.run(requests, "mock-none", 2)
+    assert {rid: outcome.token_ids for rid, outcome in outcomes.items()} == spec_tests.expected(requests)
+    assert never.stats().spec_decode_num_disables == 0 and scheduler.stats().spec_decode_num_disables >= 4
+    assert scheduler.stats().spec_decode_num_drafts == 0
+
+
+@pytest.mark.parametrize("method", ["mock-wrong", "mock-none"])
+def test_a_paused_request_is_planned_ahead_again(method: str) -> None:
+    speculative = SpeculativeConfig(method=method, num_speculative_tokens=2, acceptance_threshold=0.5,
                                     acceptance_window=1, probe_after_tokens=100)
     scheduler = Scheduler(make_config(speculative=speculative))
     worker = spec_tests.SpecWorker(4)
     scheduler.add_request(request("a", [1, 2, 3], max_tokens=20, ignore_eos=True))
-    for _ in range(2):  # the prefill, then one verification that rejects everything
+    # mock-wrong: the prefill, then one verification that rejects everything; mock-none: the prefill, then the
+    # next step finds no draft and pauses at once.
+    for _ in range(2 if method == "mock-wrong" else 1):
         plan = scheduler.schedule()
         assert plan is not None and scheduler.schedule() is None  # lock-step while it speculates
         scheduler.process_result(worker.execute(plan))
-    assert scheduler.stats().spec_decode_num_disables == 1
     first, second = scheduler.schedule(), scheduler.schedule()
+    assert scheduler.stats().spec_decode_num_disables == 1
     assert first is not None and second is not None  # two plain steps in flight at once
     assert not first.scheduled[0].draft_token_ids and not second.scheduled[0].draft_token_ids
 
