@@ -17,11 +17,15 @@ _PROPOSERS: dict[str, str | type[Proposer]] = {
     "ngram": "rapid_llm.spec_decode.ngram:NgramProposer",
 }
 
-_MODEL_PROPOSERS: dict[str, str | type] = {}
+# "draft" is accepted as an alias of vLLM's "draft_model".
+_MODEL_PROPOSERS: dict[str, str | type] = {
+    "draft_model": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
+    "draft": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
+}
 
 _NOT_BUILT: dict[str, str] = {
     name: "not built yet (docs/spec_decode/README.md lists what is planned)"
-    for name in ("draft_model", "draft", "eagle", "eagle3", "mtp", "medusa", "dflash", "dspark")
+    for name in ("eagle", "eagle3", "mtp", "medusa", "dflash", "dspark")
 }
 
 
