@@ -166,6 +166,8 @@ class StepResult(_Message):
     of the step ran without them. `prompt_logprobs` has one entry per chunk of a request that asked.
     `num_accepted` (empty when no chunk had drafts) counts, per slot, the drafts the target accepted: the
     slot's new tokens are those drafts followed by its `token_ids` entry (the correction or bonus token).
+    `draft_token_ids` (empty unless a worker-side proposer drafts) holds, per slot, the drafts to verify after
+    those new tokens.
     """
 
     step_id: int
@@ -175,6 +177,7 @@ class StepResult(_Message):
     failures: list[SlotFailure] = []
     prompt_logprobs: list[PromptLogprobs] = []
     num_accepted: list[int] = []
+    draft_token_ids: list[list[int]] = []
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------

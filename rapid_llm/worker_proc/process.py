@@ -43,7 +43,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
     try:
         init_worker_group(rank, world_size, dist_init_method, config.device.type)
         runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
-                             max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
+                             max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation,
+                             speculative=config.scheduler.speculative)
         cpu_threads = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.
