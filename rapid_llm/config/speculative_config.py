@@ -29,11 +29,16 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     # Adaptive off (spec_decode/adaptive.py): a request whose acceptance over its last `acceptance_window`
     # draft opportunities (a step without drafts: all rejected) is below `acceptance_threshold` (0 turns this
     # off) stops drafting for `probe_after_tokens` plain tokens (doubling after each failed probe).
+    # dspark: cut a proposal where the confidence head's predicted prefix acceptance falls below this (DeepSpec's
+    # name; 0 keeps every draft).
+    confidence_threshold: float = 0.0
     acceptance_threshold: float = 0.1
     acceptance_window: int = 8
     probe_after_tokens: int = 64
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1], got {self.confidence_threshold}")
         if not 0.0 <= self.acceptance_threshold <= 1.0:
             raise ValueError(f"acceptance_threshold must be in [0, 1], got {self.acceptance_threshold}")
         if self.acceptance_window < 1:

@@ -21,11 +21,13 @@ _PROPOSERS: dict[str, str | type[Proposer]] = {
 _MODEL_PROPOSERS: dict[str, str | type] = {
     "draft_model": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
     "draft": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
+    "dflash": "rapid_llm.spec_decode.dflash:DFlashProposer",
+    "dspark": "rapid_llm.spec_decode.dspark:DSparkProposer",
 }
 
 _NOT_BUILT: dict[str, str] = {
     name: "not built yet (docs/spec_decode/README.md lists what is planned)"
-    for name in ("eagle", "eagle3", "mtp", "medusa", "dflash", "dspark")
+    for name in ("eagle", "eagle3", "mtp", "medusa")
 }
 
 
