@@ -6,7 +6,8 @@
 Key design choice: this file only parses flags, schedules requests and prints; the workloads,
 request functions, metrics and result files live in `benchmarks.common`, each written to mean what
 vLLM's benchmark means, so numbers from here and from vLLM/SGLang runs can be compared directly.
-Added to vLLM's result: the server's resources sampled during the run and the failed requests' reasons.
+Added to vLLM's result: the server's resources sampled during the run, the failed requests' reasons, and
+speculative-decoding acceptance from the server's /metrics counters over the timed run (warm-ups excluded).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from benchmarks.common.metrics import (
 )
 from benchmarks.common.resources import ResourceSampler, format_resources, server_pids
 from benchmarks.common.results import save_result
+from benchmarks.common.spec_decode import fetch_spec_counters, format_spec_decode, spec_decode_summary
 from benchmarks.common.traffic import arrival_offsets
 from rapid_llm.server_args import DEFAULT_PORT  # stdlib-only module: the client still imports no engine code
 
@@ -142,15 +144,38 @@ def first_model(base_url: str) -> tuple[str, str]:
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", socket.gethostname()}
 
 
-def resource_sampler(args: argparse.Namespace, base_url: str) -> ResourceSampler:
+class RunSampler(ResourceSampler):
+    """The resource sampler, which every runner enters around exactly the timed run, plus the server's
+    spec-decode counters read as it starts and ends (so warm-ups are not counted)."""
+
+    def __init__(self, base_url: str, roots: list[int], interval_s: float, unavailable: str | None = None) -> None:
+        super().__init__(roots, interval_s, unavailable)
+        self.base_url = base_url
+        self.spec_before: dict[str, Any] | None = None
+        self.spec_after: dict[str, Any] | None = None
+
+    def __enter__(self) -> "RunSampler":
+        self.spec_before = fetch_spec_counters(self.base_url, auth_headers())
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.spec_after = fetch_spec_counters(self.base_url, auth_headers())
+
+    def spec_decode(self) -> dict[str, Any] | None:
+        return spec_decode_summary(self.spec_before, self.spec_after)
+
+
+def resource_sampler(args: argparse.Namespace, base_url: str) -> RunSampler:
     """A sampler of --server-pid's tree, else of the tree listening on the server's port if it is local."""
     url = urlsplit(base_url)
     if args.server_pid is None and url.hostname not in LOCAL_HOSTS:
-        return ResourceSampler([], args.resource_interval, unavailable=f"the server ({url.hostname}) may not "
-                               "be on this machine; pass --server-pid to sample a local one")
+        return RunSampler(base_url, [], args.resource_interval, unavailable=f"the server ({url.hostname}) may not "
+                          "be on this machine; pass --server-pid to sample a local one")
     port = url.port or (443 if url.scheme == "https" else 80)
     roots, why_not = server_pids(port=port, pid=args.server_pid)
-    return ResourceSampler(roots, args.resource_interval, unavailable=why_not)
+    return RunSampler(base_url, roots, args.resource_interval, unavailable=why_not)
 
 
 async def run_requests(
@@ -265,8 +290,9 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> dict[st
             print(f"Error {i}: {failure.error}")
     metrics = calculate_metrics(outcomes, duration, tokenizer, percentile_metrics, percentiles, goodput)
     print(format_report(metrics, duration, args.max_concurrency, args.request_rate))
-    resources, errors = sampler.summary(), error_summary(outcomes)
+    resources, errors, spec_decode = sampler.summary(), error_summary(outcomes), sampler.spec_decode()
     print(format_resources(resources))
+    print(format_spec_decode(spec_decode))
     print(format_errors(errors))
     print("=" * 50)
 
@@ -286,6 +312,7 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> dict[st
         "structured_output_ratio": args.structured_output_ratio if args.json_schema_path else None,
         **result_dict(metrics, outcomes, duration),
         "resources": resources,
+        "spec_decode": spec_decode,
         "error_summary": errors,
         "environment": collect_environment(fetch_server_info(base_url, auth_headers())),
     }

@@ -65,6 +65,8 @@ class _SchedulerCounters(Collector):
             ("collective_seconds", "Seconds tensor-parallel rank 0 spent in collectives (summed over replicas).",
              self.stats.collective_seconds),
             ("collective_calls", "Tensor-parallel collectives rank 0 ran.", self.stats.collective_calls),
+            ("spec_decode_num_disables", "Times a request stopped drafting: acceptance below the threshold.",
+             self.stats.spec_decode_num_disables),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)

@@ -166,6 +166,8 @@ class StepResult(_Message):
     of the step ran without them. `prompt_logprobs` has one entry per chunk of a request that asked.
     `num_accepted` (empty when no chunk had drafts) counts, per slot, the drafts the target accepted: the
     slot's new tokens are those drafts followed by its `token_ids` entry (the correction or bonus token).
+    `draft_token_ids` (empty unless a worker-side proposer drafts) holds, per slot, the drafts to verify after
+    those new tokens.
     """
 
     step_id: int
@@ -178,6 +180,7 @@ class StepResult(_Message):
     # Rank 0's time in tensor-parallel collectives since start, and their number (distributed/collective_timer.py).
     collective_seconds: float = 0.0
     collective_calls: int = 0
+    draft_token_ids: list[list[int]] = []
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -270,6 +273,7 @@ class SchedulerStats(_Message):
     spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
     collective_seconds: float = 0.0  # the latest StepResult's totals
     collective_calls: int = 0
+    spec_decode_num_disables: int = 0  # requests paused by adaptive off (low acceptance)
 
 
 class FlushCacheResult(_Message):

@@ -67,6 +67,14 @@ def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.all_greedy:
         return logits.argmax(dim=-1)
     greedy = logits.argmax(dim=-1) if batch.any_greedy else None
+    logits = warp_logits(logits, batch)
+    noise = log_exponential_noise(logits.shape, batch.seeded_rows, batch.seeds, batch.seed_steps, logits.device)
+    sampled = (logits - noise).argmax(dim=-1)
+    return sampled if greedy is None else torch.where(batch.is_greedy, greedy, sampled)
+
+
+def warp_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature, then top-k/top-p, then min-p: the logits whose softmax a sampled row draws from."""
     logits = logits / batch.temperature.unsqueeze(1)
     if batch.do_top_k or batch.do_top_p:
         logits = ops.top_k_top_p_filter(logits, batch.top_k, batch.top_p if batch.do_top_p else None,
@@ -76,20 +84,21 @@ def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # prob < min_p * max_prob is the same as logit < max_logit + log(min_p).
         floor = logits.amax(dim=-1, keepdim=True) + batch.min_p.log().unsqueeze(1)
         logits = logits.masked_fill(logits < floor, float("-inf"))
-    sampled = (logits - _log_exponential_noise(logits.shape, batch, logits.device)).argmax(dim=-1)
-    return sampled if greedy is None else torch.where(batch.is_greedy, greedy, sampled)
+    return logits
 
 
-def _log_exponential_noise(shape: torch.Size, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
-    """log E, E ~ Exp(1) per (row, token): hashed for seeded rows, default generator for the rest."""
-    num_seeded = batch.seeded_rows.numel()
+def log_exponential_noise(shape: torch.Size, seeded_rows: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+                          device: torch.device) -> torch.Tensor:
+    """log E, E ~ Exp(1) per (row, column): hashed from (seed, step, column) for `seeded_rows`, the default
+    generator for the rest."""
+    num_seeded = seeded_rows.numel()
     if num_seeded == shape[0]:
-        return _hashed_log_exponential(batch.seeds, batch.seed_steps, shape[1], device)
+        return _hashed_log_exponential(seeds, steps, shape[1], device)
     # u == 0 gives log E = inf, i.e. that token loses the race, which is harmless.
     noise = torch.rand(shape, device=device).log_().neg_().log_()
     if num_seeded:
-        seeded = _hashed_log_exponential(batch.seeds, batch.seed_steps, shape[1], device)
-        noise.index_copy_(0, batch.seeded_rows, seeded)
+        seeded = _hashed_log_exponential(seeds, steps, shape[1], device)
+        noise.index_copy_(0, seeded_rows, seeded)
     return noise
 
 

@@ -7,8 +7,9 @@ With prefix caching, a request is admitted with the longest run of cached full b
 its tokens and computes only the rest. A beam-search request (`beam_group.py`) is one entry of the
 running list whose W beams share blocks; its next step depends on its result, so it is never planned
 while one of its steps is in flight (other requests keep overlapping). With speculative decoding
-(`speculation.py`) a decode chunk also carries drafts, and a speculating request likewise waits for its
-result before its next step.
+(`speculation.py`) a decode chunk also carries drafts (from the n-gram proposer here, or from the result of
+its previous step when the worker drafts), and a speculating request likewise waits for its result before its
+next step.
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ class Scheduler:
                     self._rollbacks[slot] = Speculation.rollback(request)
             else:
                 self._add_tokens(request, [token_id], result.logprobs[index] if result.logprobs else None)
+            if result.draft_token_ids and self._speculation is not None and not request.is_finished:
+                self._speculation.received(request, result.draft_token_ids[index])
         for request, by_slot in beam_rounds.items():
             self._advance_beams(request, by_slot)
 
@@ -458,6 +461,7 @@ class Scheduler:
             spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
             spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
             spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
+            spec_decode_num_disables=self._speculation.adaptive.num_disables if counters else 0,
         )
 
     @property

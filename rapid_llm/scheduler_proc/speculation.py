@@ -8,7 +8,9 @@ Verification says how many were accepted (a); then a + 1 tokens become real, the
 back to the accepted prefix, and blocks that held only rejected positions are freed (drafts are never
 in the prefix cache: blocks are registered from known tokens only). The worker is told the same cut by
 a `Rollback` in the next plan. Async scheduling: the next plan cannot know a, so a speculating request
-is never planned while one of its steps is in flight (other requests keep overlapping).
+is never planned while one of its steps is in flight (other requests keep overlapping). A worker-side
+proposer (draft model) drafts after each step instead: the result's drafts are `received` here and become
+the request's next chunk, under the same limits.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from rapid_llm.ipc.messages import Rollback
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState
-from rapid_llm.spec_decode.registry import build_proposer
+from rapid_llm.spec_decode.adaptive import AdaptiveOff
+from rapid_llm.spec_decode.registry import build_proposer, runs_in_worker
 
 
 def speculation_blocker(params: SamplingParams) -> str | None:
@@ -57,15 +60,19 @@ class SpeculationCounters:
 class Speculation:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
-        self.proposer = build_proposer(config)
+        self.in_worker = runs_in_worker(config.method)
+        self.proposer = None if self.in_worker else build_proposer(config)
         self.counters = SpeculationCounters()
+        self.adaptive = AdaptiveOff(config)
+        # A worker proposer's drafts per request, with the token count they follow.
+        self._received: dict[RequestState, tuple[int, list[int]]] = {}
 
     def propose(self, running: Sequence[RequestState]) -> dict[RequestState, list[int]]:
         """Drafts for every running request that may speculate now: it decodes (all its tokens known, all but
         the last computed), with room for at least one draft under max_tokens and max_model_len."""
         ready, limits = [], []
         for request in running:
-            if not request.speculates or request.num_placeholders:
+            if not self.adaptive.may_draft(request) or not request.speculates or request.num_placeholders:
                 continue
             if request.num_computed_tokens != request.num_tokens - 1:
                 continue  # a prefill chunk never speculates
@@ -74,10 +81,29 @@ class Speculation:
             if limit > 0:
                 ready.append(request)
                 limits.append(limit)
+        if self.in_worker:
+            return self._take_received(ready, limits)
         if not ready:
             return {}
         proposals = self.proposer.propose([request.known_token_ids() for request in ready], limits)
+        self.adaptive.record_empty(ready, limits, proposals)
         return {request: proposal.token_ids for request, proposal in zip(ready, proposals) if proposal.token_ids}
+
+    def received(self, request: RequestState, drafts: list[int]) -> None:
+        """A worker proposer's drafts for what `request` knows now (its result's tokens added)."""
+        if drafts:
+            self._received[request] = (request.num_tokens, drafts)
+
+    def _take_received(self, ready: list[RequestState], limits: list[int]) -> dict[RequestState, list[int]]:
+        proposals = {}
+        for request, limit in zip(ready, limits):
+            num_tokens, drafts = self._received.pop(request, (-1, []))
+            if num_tokens == request.num_tokens:
+                proposals[request] = drafts[:limit]
+        # Drafts of requests that finished or were preempted since are stale.
+        self._received = {request: value for request, value in self._received.items()
+                          if not request.is_finished and value[0] == request.num_tokens}
+        return proposals
 
     def verified(self, request: RequestState, num_accepted: int, token_id: int,
                  blocks: BlockManager) -> list[int]:
@@ -100,6 +126,7 @@ class Speculation:
         keep = blocks.blocks_for_tokens(request.num_computed_tokens)
         blocks.free(reversed(request.block_ids[keep:]))
         del request.block_ids[keep:]
+        self.adaptive.record(request, len(drafts), num_accepted)
         return [*drafts[:num_accepted], token_id]
 
     @staticmethod

@@ -30,18 +30,21 @@ class StepOutput:
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     num_accepted: list[int] = field(default_factory=list)  # per row, drafts accepted; empty in steps without drafts
+    draft_token_ids: list[list[int]] = field(default_factory=list)  # per row, a worker proposer's next drafts
 
 
 class PendingOutput:
     def __init__(self, rows: list[int], sampled: SamplerOutput | None, asked: list[int | None],
-                 prompt_logprobs: list[PromptLogprobs], num_accepted: torch.Tensor | None = None) -> None:
+                 prompt_logprobs: list[PromptLogprobs], num_accepted: torch.Tensor | None = None,
+                 drafts: torch.Tensor | None = None) -> None:
         self.rows, self.asked, self.prompt_logprobs = rows, asked, prompt_logprobs
         self._event: torch.cuda.Event | None = None
         self._tensors: list[torch.Tensor] = []
         self._has_accepted = num_accepted is not None
+        self._has_drafts = drafts is not None
         if sampled is None:
             return
-        tensors = [sampled.token_ids] if num_accepted is None else [sampled.token_ids, num_accepted]
+        tensors = [sampled.token_ids, *(tensor for tensor in (num_accepted, drafts) if tensor is not None)]
         if sampled.logprobs is not None:
             tensors += [sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs]
         if sampled.token_ids.device.type == "cuda":
@@ -60,10 +63,12 @@ class PendingOutput:
             return StepOutput([], [], [], self.prompt_logprobs)
         token_ids = self._tensors[0].tolist()
         num_accepted = self._tensors[1].tolist() if self._has_accepted else []
-        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs, num_accepted)
+        drafts = ([[token for token in row if token >= 0] for row in self._tensors[1 + self._has_accepted].tolist()]
+                  if self._has_drafts else [])
+        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs, num_accepted, drafts)
 
     def _logprobs_per_row(self) -> list[TokenLogprobs | None]:
-        first = 2 if self._has_accepted else 1
+        first = 1 + self._has_accepted + self._has_drafts
         if len(self._tensors) == first:
             return [None] * len(self.asked)
         logprobs, top_ids, top_values = (tensor.tolist() for tensor in self._tensors[first:])

@@ -14,6 +14,9 @@ still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they 
 reused. Block 0 is zeroed up front because block tables are padded with it. Once written, blocks
 only ever hold finite K/V, which a mask handles.
 
+A worker-side proposer's layers (a draft model's) are allocated beside the target's with the same block ids
+and one block count computed over both; they alone get `extra_blocks` more (its per-slot scratch).
+
 A quantized cache (`--kv-cache-dtype fp8 | nvfp4`) is built for full attention only: MLA and DeepSeek-V4 layers
 refuse it here, at start-up, as does a backend that cannot read it. Checkpoint k_scale/v_scale are logged as
 unused when the cache is not fp8 (nvfp4 keeps its own scales per 16 values).
@@ -63,6 +66,7 @@ class KVCache:
     num_blocks: int
     block_size: int
     device: torch.device
+    extra_bytes: int = 0  # blocks past num_blocks in a proposer's layers
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +74,7 @@ class KVCache:
 
     @property
     def num_bytes(self) -> int:
-        return self.num_blocks * bytes_per_block(self.specs, self.block_size)
+        return self.num_blocks * bytes_per_block(self.specs, self.block_size) + self.extra_bytes
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero blocks that were just freshly allocated to a request, in every layer."""
@@ -109,22 +113,28 @@ def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], 
 
 def allocate_kv_cache(
     model: nn.Module, model_config: ModelConfig, cache_config: CacheConfig, backend: Any, device: torch.device,
+    extra_layers: list[PagedAttentionLayer] | None = None, extra_blocks: int = 0,
 ) -> KVCache:
-    """Allocate every layer's cache from its spec and bind the layers to it and the backend."""
+    """Allocate every layer's cache from its spec and bind the layers to it and the backend. `extra_layers` (a
+    proposer's) share the block ids and get `extra_blocks` more of their own."""
     layers = attention_layers(model)
+    num_target = len(layers)
+    layers += extra_layers or []
     dtype = cache_config.kv_dtype(model_config.dtype)
     specs = [layer.kv_cache_spec(dtype) for layer in layers]
     check_kv_dtype(layers, specs, dtype, backend)
     block_size = cache_config.block_size
+    extra_bytes = extra_blocks * bytes_per_block(specs[num_target:], block_size) if extra_blocks else 0
     num_blocks = cache_config.num_blocks or num_blocks_for_budget(specs, block_size,
-                                                                  kv_cache_budget(cache_config, device))
+                                                                  kv_cache_budget(cache_config, device) - extra_bytes)
     if num_blocks < 1:
         raise ValueError(
             f"no room for a single KV block ({bytes_per_block(specs, block_size)} bytes) in the KV cache budget; "
             "raise --kv-cache-memory or --gpu-memory-utilization"
         )
-    for layer, spec in zip(layers, specs):
-        layer.bind(spec.allocate(num_blocks, block_size, device), backend)
-    cache = KVCache(layers, specs, num_blocks, block_size, device)
+    for index, (layer, spec) in enumerate(zip(layers, specs)):
+        extra = extra_blocks if index >= num_target else 0
+        layer.bind(spec.allocate(num_blocks + extra, block_size, device), backend)
+    cache = KVCache(layers, specs, num_blocks, block_size, device, extra_bytes)
     cache.clear_blocks([0])
     return cache

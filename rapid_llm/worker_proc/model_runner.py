@@ -12,7 +12,9 @@ launched first. Decode steps can replay CUDA graphs (`cuda_graphs.py`) and/or ru
 request whose computed tokens reach the end of what it knows gets a token sampled (through the worker's
 grammar bitmask when it has structured output, and with its logit_bias). A chunk with drafts (speculative
 decoding) samples at each of its 1 + k positions and keeps the drafts the rejection sampler accepts plus
-one target token (`_sample_speculative`); steps without drafts take the single-token path. Requests that asked for
+one target token (`_sample_speculative`); steps without drafts take the single-token path. A worker-side proposer
+(`--speculative-config` draft_model; `drafting.py`) runs after every step and its drafts ride in the result.
+Requests that asked for
 prompt logprobs get them from the same step's hidden states (read on the host at once: the one exception).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
@@ -29,6 +31,7 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
+from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
@@ -40,11 +43,14 @@ from rapid_llm.ops.attention.backend import build_common_metadata
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.spec_decode.model_proposer import HiddenStateTap, KVBinding, TargetContext
+from rapid_llm.spec_decode.registry import build_model_proposer, runs_in_worker
 from rapid_llm.spec_decode.rejection_sampler import accept_one_hot
 from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.utils.host_staging import to_device
 from rapid_llm.worker_proc.cuda_graphs import DecodeBuffers, DecodeGraphs, capture_sizes
 from rapid_llm.worker_proc.deferred_output import PendingOutput, StepOutput
+from rapid_llm.worker_proc.drafting import Drafting
 from rapid_llm.worker_proc.input_batch import InputBatch
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
@@ -89,6 +95,7 @@ class ModelRunner:
         op_backends: dict[str, str] | None = None,
         max_num_seqs: int = 256,
         compilation: CompilationConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
@@ -109,11 +116,19 @@ class ModelRunner:
         # the step's metadata once and computes every layer.
         attention_op = attention_op_of(attention_layers(self.model))
         self.backend = self._select_attention(attention_op)
+        proposer = None
+        if speculative is not None and runs_in_worker(speculative.method):
+            proposer = build_model_proposer(speculative, TargetContext(self.model, model_config, self.device,
+                                                                       cache_config.block_size, self.backend))
+            self.weight_bytes += getattr(proposer, "weight_bytes", 0)
         # An explicit --num-kv-blocks counts the blocks requests may use: the padding block comes on top. A
         # memory budget pays for it.
         allocated = cache_config if cache_config.num_blocks is None else replace(cache_config,
                                                                                  num_blocks=cache_config.num_blocks + 1)
-        self.kv_cache = allocate_kv_cache(self.model, model_config, allocated, self.backend, self.device)
+        self.kv_cache = allocate_kv_cache(
+            self.model, model_config, allocated, self.backend, self.device,
+            extra_layers=proposer.kv_layers() if proposer else None,
+            extra_blocks=proposer.scratch_blocks_per_slot * max_num_seqs if proposer else 0)
         if self.kv_cache.num_blocks < 2:
             raise ValueError(f"the KV cache budget holds {self.kv_cache.num_blocks} block: at least 2 are needed, "
                              "one is the padding block; raise --kv-cache-memory or --gpu-memory-utilization")
@@ -128,6 +143,11 @@ class ModelRunner:
         self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, cache_config.block_size,
                                       self.padding_block, model_config.vocab_size, model_config.eos_token_ids,
                                       self.device)
+        self.drafting = None
+        if proposer is not None:
+            proposer.bind_kv(KVBinding(self.kv_cache.num_blocks, self.padding_block, self.kv_cache.num_blocks))
+            self.drafting = Drafting(proposer, speculative, self.input_batch,
+                                     HiddenStateTap(self.model, proposer.hidden_state_layers))
         self.decode_model = self._decode_model()
         self.decode_graphs = self._capture_decode_graphs(max_num_seqs)
 
@@ -159,6 +179,9 @@ class ModelRunner:
     def _capture_decode_graphs(self, max_num_seqs: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.compilation.enforce_eager:
             return None
+        if self.drafting is not None and self.drafting.tap.active:
+            logger.info("CUDA graphs off: the proposer reads hidden states of intermediate layers (forward hooks)")
+            return None
         if not getattr(self.backend, "supports_cuda_graphs", False):
             logger.info("CUDA graphs off: the attention backend %s cannot be captured", type(self.backend).__name__)
             return None
@@ -176,9 +199,13 @@ class ModelRunner:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         LogitBias.build([params], self.model_config.vocab_size, torch.device("cpu"))
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
+        if self.drafting is not None:
+            self.drafting.add(slot, params)
 
     def release(self, slots: Sequence[int]) -> None:
         self.input_batch.release(slots)
+        if self.drafting is not None:
+            self.drafting.release(slots)
 
     def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:
         self.input_batch.append_blocks(slot, block_ids)
@@ -218,6 +245,7 @@ class ModelRunner:
             prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))
         samples = np.flatnonzero(ends == batch.num_tokens[slots])
         if not samples.size:
+            self._draft(slots, query_lens, ends, hidden_states, samples, samples)
             return PendingOutput([], None, [], prompt_logprobs)
         sample_slots = slots[samples]
         token_bitmask = (structured.fill_bitmask(sample_slots.tolist(), self.device)
@@ -225,7 +253,7 @@ class ModelRunner:
         num_drafts = np.fromiter((len(chunks[row].draft_token_ids) for row in samples.tolist()), dtype=np.int64,
                                  count=samples.size)
         if num_drafts.any():
-            return self._sample_speculative(chunks, hidden_states, query_lens, ends, samples, num_drafts,
+            return self._sample_speculative(chunks, slots, hidden_states, query_lens, ends, samples, num_drafts,
                                             token_bitmask, prompt_logprobs)
         last_token_index, slots_on_device, positions = to_device(
             [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
@@ -242,18 +270,27 @@ class ModelRunner:
         # Tensor-parallel ranks feed their token pools from rank 0's choice, so random sampling cannot diverge.
         tp_broadcast(sampled.token_ids)
         batch.record_sampled(sample_slots, slots_on_device, positions, sampled.token_ids)
+        drafts = self._draft(slots, query_lens, ends, hidden_states, samples, ends[samples] + 1)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
-        return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs)
+        return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts)
 
-    def _sample_speculative(self, chunks: Sequence[Chunk], hidden_states: torch.Tensor, query_lens: np.ndarray,
-                            ends: np.ndarray, samples: np.ndarray, num_drafts: np.ndarray,
+    def _draft(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray, hidden_states: torch.Tensor,
+               samples: np.ndarray, new_lengths: np.ndarray) -> torch.Tensor | None:
+        """The worker-side proposer's drafts [sampling rows, k] after this step (None without one)."""
+        if self.drafting is None:
+            return None
+        return self.drafting.propose(slots, ends - query_lens, query_lens, hidden_states, samples, new_lengths)
+
+    def _sample_speculative(self, chunks: Sequence[Chunk], slots: np.ndarray, hidden_states: torch.Tensor,
+                            query_lens: np.ndarray, ends: np.ndarray, samples: np.ndarray, num_drafts: np.ndarray,
                             token_bitmask: torch.Tensor | None, prompt_logprobs: list) -> PendingOutput:
         """Sample every sampling row at its last 1 + k positions (k = its drafts, often 0), as if each position
         were a decode step of its own (a seeded row's noise keyed by that token's output index), then keep the
-        accepted drafts and one target token per row (`accept_one_hot`)."""
+        accepted drafts and one target token per row (`accept_one_hot`; rows whose drafts come with a worker
+        proposer's q are redecided by `Drafting.verify`)."""
         batch = self.input_batch
-        sample_slots = np.fromiter((chunks[row].slot for row in samples.tolist()), dtype=np.int64, count=samples.size)
+        sample_slots = slots[samples]
         counts = num_drafts + 1
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         hidden_rows = np.repeat(np.cumsum(query_lens)[samples] - counts, counts) + offsets
@@ -266,7 +303,7 @@ class ModelRunner:
         for index, row in enumerate(samples.tolist()):
             drafts[index, : num_drafts[index]] = chunks[row].draft_token_ids
         # The first draft's position: where the target's token goes when no draft is accepted.
-        first_positions = ends[samples] - num_drafts
+        first_positions = host_first_positions = ends[samples] - num_drafts
         (hidden_index, expanded_on_device, slots_on_device, rows_on_device, columns, drafts_on_device,
          counts_on_device, first_positions) = to_device(
             [torch.from_numpy(array) for array in
@@ -283,14 +320,20 @@ class ModelRunner:
         targets = torch.full((samples.size, width + 1), -2, dtype=torch.int64, device=self.device)
         targets[rows_on_device, columns] = sampled.token_ids
         num_accepted, token_ids = accept_one_hot(targets, drafts_on_device)
+        if self.drafting is not None:
+            self.drafting.verify(logits, sampling_batch, counts, sample_slots, host_first_positions, num_outputs,
+                                 drafts_on_device, num_accepted, token_ids)
         # Rows without drafts keep their one sample (and its logprobs: only they may ask for them).
         picked = (torch.cumsum(counts_on_device, dim=0) - counts_on_device) + num_accepted
         kept = SamplerOutput(token_ids, *(None if tensor is None else tensor[picked] for tensor in
                                           (sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs)))
         batch.record_sampled(sample_slots, slots_on_device, first_positions + num_accepted, token_ids)
+        # The proposer needs each row's new length on the host: one read of a (speculating rows run lock-step).
+        drafts = None if self.drafting is None else self._draft(
+            slots, query_lens, ends, hidden_states, samples, host_first_positions + num_accepted.cpu().numpy() + 1)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
-        return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted)
+        return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted, drafts)
 
     def _validate(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray) -> None:
         """Vectorised over the step; the first bad chunk is named."""

@@ -48,7 +48,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
-                                 max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
+                                 max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation,
+                                 speculative=config.scheduler.speculative)
         cpu_threads = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.

@@ -48,6 +48,7 @@ class PendingResult:
             token_ids=output.token_ids,
             logprobs=output.logprobs if any(output.logprobs) else [],
             num_accepted=output.num_accepted,
+            draft_token_ids=output.draft_token_ids,
             failures=self.failures,
             prompt_logprobs=output.prompt_logprobs,
         )
@@ -82,6 +83,7 @@ class Worker:
             result, slots=[result.slots[i] for i in kept], token_ids=[result.token_ids[i] for i in kept],
             logprobs=[result.logprobs[i] for i in kept] if result.logprobs else [],
             num_accepted=[result.num_accepted[i] for i in kept] if result.num_accepted else [],
+            draft_token_ids=[result.draft_token_ids[i] for i in kept] if result.draft_token_ids else [],
             failures=[*result.failures, *self._fail_slots(rejected)])
 
     def launch(self, plan: StepPlan) -> PendingResult:

@@ -56,3 +56,37 @@ def test_bench_serving_against_rapid_llm(server: ServerProcess, backend: str, tm
     env = result["environment"]
     assert env["versions"]["rapid_llm"] and env["cpu"]["count"] >= 1
     assert "server_info" in env
+    assert result["spec_decode"] is None  # speculation is off
+
+
+def test_bench_serving_reports_acceptance_over_the_timed_run(tiny_checkpoint, tmp_path: Path) -> None:
+    from benchmarks.common.spec_decode import fetch_spec_counters
+
+    process = ServerProcess("--model", str(tiny_checkpoint("LlamaForCausalLM")), "--num-kv-blocks", "256",
+                            "--log-level", "warning", "--speculative-config",
+                            '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_threshold": 0}')
+    try:
+        before = fetch_spec_counters(process.base_url)
+        command = [
+            sys.executable, "benchmarks/bench_serving.py", "--base-url", process.base_url, "--dataset-name", "random",
+            "--random-input-len", "32", "--random-output-len", "24", "--num-prompts", str(NUM_PROMPTS),
+            "--num-warmups", "2", "--temperature", "0", "--disable-tqdm",
+            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "result.json",
+        ]
+        run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        after = fetch_spec_counters(process.base_url)
+    finally:
+        process.stop()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Speculative Decoding" in run.stdout and "Acceptance rate (%):" in run.stdout
+    spec = json.loads((tmp_path / "result.json").read_text())["spec_decode"]
+    # A tiny random model's greedy output repeats itself: the n-gram lookup drafts.
+    assert spec is not None and spec["num_drafts"] > 0
+    # The warm-ups verified drafts too, outside the timed run.
+    assert spec["num_drafts"] < after["num_drafts"] - before["num_drafts"]
+    assert spec["num_draft_tokens"] <= 3 * spec["num_drafts"]
+    assert spec["acceptance_rate"] == spec["num_accepted_tokens"] / spec["num_draft_tokens"]
+    assert spec["mean_acceptance_length"] == 1 + spec["num_accepted_tokens"] / spec["num_drafts"]
+    rates = spec["per_position_acceptance_rate"]
+    assert len(rates) <= 3 and rates == sorted(rates, reverse=True)
+    assert round(sum(rates) * spec["num_drafts"]) == spec["num_accepted_tokens"]

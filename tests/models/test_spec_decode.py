@@ -87,19 +87,24 @@ def references(tiny, demo):
             for name, (_, hf, prompts) in (("tiny", tiny), ("demo", demo))}
 
 
+def check_mode_stats(stats, mode: str, accepted: bool) -> None:
+    """Drafts were verified (and some accepted), and the mode did what it is there for."""
+    assert stats.spec_decode_num_drafts > 0
+    if accepted:
+        assert stats.spec_decode_num_accepted_tokens > 0
+    if mode == "preemption":
+        assert stats.num_preemptions > 0
+    if MODES[mode][0].get("enable_prefix_caching", True):
+        assert stats.prefix_cache_hits > 0
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("model", ["tiny", "demo"])
 def test_greedy_tokens_with_speculation_equal_transformers(model: str, mode: str, tiny, demo, references) -> None:
     runner, _, prompts = tiny if model == "tiny" else demo
     tokens, stats = _serve(runner, prompts, GREEDY, NGRAM, mode)
     assert tokens == references[model]
-    assert stats.spec_decode_num_drafts > 0
-    if model == "demo":
-        assert stats.spec_decode_num_accepted_tokens > 0
-    if mode == "preemption":
-        assert stats.num_preemptions > 0
-    if MODES[mode][0].get("enable_prefix_caching", True):
-        assert stats.prefix_cache_hits > 0
+    check_mode_stats(stats, mode, accepted=model == "demo")
     if mode == "async-overlap" and model == "tiny":
         off, _ = _serve(runner, prompts, GREEDY, None, mode)
         assert off == tokens

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Speculative decoding speed, issue 15's workloads (docs/spec_decode/README.md, Speed workloads): for each of
+# PAIRS rounds and each method of METHODS in turn (interleaved, so the machine's drift spreads over all arms),
+# one server with that --speculative-config runs
+#   A: code completion from the demo models' held-out files (80 windows of ~1200 characters), greedy,
+#      128 output tokens;
+#   B: open generation from each held-out file's first line (44 prompts), temperature 1.0, 128 tokens,
+# both with ignore_eos, seed 0 on every request (a seeded request draws the same tokens with speculation on and
+# off, so every arm generates the same text), PROMPTS requests at CONCURRENCY. Each server first runs each
+# workload once untimed (WARMUP=1): on CPU every new batch shape costs a first-call set-up (oneDNN primitives),
+# which verification steps, with their varying token counts, hit far more often than plain decoding -- a cold
+# run measured ngram 10x slower than a warm one. The summary is each arm's mean output throughput and median
+# TPOT over the rounds, the ratio to `off`, and acceptance.
+#
+#   usage: benchmarks/spec_decode_ab.sh [OUT_DIR]
+#   env: METHODS="off ngram" (add draft_model once it is built), MODEL=demo-target, DRAFT=demo-draft, K=3,
+#        PAIRS=3, PROMPTS=80, CONCURRENCY=8, OUTPUT_LEN=128, WORKLOADS="A B", WARMUP=1, SPEC_EXTRA (JSON fields merged into
+#        every speculative config, e.g. '"acceptance_threshold": 0'), SERVER_ARGS (extra launch flags)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-benchmark-results/spec-decode-$(date +%Y%m%d-%H%M%S)}"
+METHODS="${METHODS:-off ngram}" MODEL="${MODEL:-demo-target}" DRAFT="${DRAFT:-demo-draft}" K="${K:-3}"
+PAIRS="${PAIRS:-3}" PROMPTS="${PROMPTS:-80}" CONCURRENCY="${CONCURRENCY:-8}" OUTPUT_LEN="${OUTPUT_LEN:-128}"
+WORKLOADS="${WORKLOADS:-A B}" WARMUP="${WARMUP:-1}"
+PORT=31668
+mkdir -p "$OUT"
+python3 benchmarks/spec_decode_workloads.py code "$OUT/workload-A.jsonl"
+python3 benchmarks/spec_decode_workloads.py open "$OUT/workload-B.jsonl"
+
+spec_config() {  # spec_config METHOD: the --speculative-config JSON ("" for off)
+    local extra="${SPEC_EXTRA:+, $SPEC_EXTRA}"
+    case "$1" in
+        off) echo "" ;;
+        draft_model) echo "{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": $K$extra}" ;;
+        *) echo "{\"method\": \"$1\", \"num_speculative_tokens\": $K$extra}" ;;
+    esac
+}
+
+server=""
+stop_server() {
+    if [ -n "$server" ]; then kill -TERM "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+    server=""
+}
+trap stop_server EXIT
+start_server() {  # start_server METHOD
+    local spec
+    spec="$(spec_config "$1")"
+    # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
+    python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level warning \
+        ${spec:+--speculative-config "$spec"} ${SERVER_ARGS:-} > "$OUT/server-$1.log" 2>&1 &
+    server=$!
+    until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do
+        kill -0 "$server" 2>/dev/null || { echo "the $1 server exited before becoming healthy:" >&2;
+                                           tail -5 "$OUT/server-$1.log" >&2; exit 1; }
+        sleep 0.5
+    done
+}
+
+run() {  # run WORKLOAD LABEL
+    local temperature=0
+    [ "$1" = B ] && temperature=1.0
+    python3 benchmarks/bench_serving.py --base-url "http://127.0.0.1:$PORT" --dataset-name custom \
+        --dataset-path "$OUT/workload-$1.jsonl" --skip-chat-template --custom-output-len "$OUTPUT_LEN" \
+        --num-prompts "$PROMPTS" --max-concurrency "$CONCURRENCY" --ignore-eos --temperature "$temperature" \
+        --extra-body '{"seed": 0}' --seed 0 --num-warmups 4 --disable-tqdm --label "$2" \
+        --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+        --save-result --result-dir "$OUT" --result-filename "$2.json" > "$OUT/$2.log"
+}
+
+for i in $(seq 1 "$PAIRS"); do
+    for method in $METHODS; do
+        start_server "$method"
+        if [ "$WARMUP" = 1 ]; then
+            for workload in $WORKLOADS; do run "$workload" "warmup-$workload-$method-$i"; done
+        fi
+        for workload in $WORKLOADS; do
+            run "$workload" "$workload-$method-$i"
+        done
+        stop_server
+    done
+done
+
+python3 - "$OUT" "$PAIRS" "$METHODS" "$WORKLOADS" <<'PY' | tee "$OUT/summary.txt"
+import json, statistics, sys
+out, pairs, methods, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+print("workload  method       tok/s (mean)  ratio  median TPOT ms  acceptance  mean acc. len  pauses")
+for workload in workloads:
+    base = None
+    for method in methods:
+        results = [json.load(open(f"{out}/{workload}-{method}-{i}.json")) for i in range(1, pairs + 1)]
+        if any(r["failed"] for r in results):
+            sys.exit(f"{workload}-{method}: failed requests in {out}")
+        throughput = statistics.mean(r["output_throughput"] for r in results)
+        base = base if base is not None else (throughput if method == "off" else None)
+        tpot = statistics.median(r["median_tpot_ms"] for r in results)
+        spec = [r["spec_decode"] for r in results if r["spec_decode"]]
+        drafts = sum(s["num_drafts"] for s in spec)
+        draft_tokens = sum(s["num_draft_tokens"] for s in spec)
+        accepted = sum(s["num_accepted_tokens"] for s in spec)
+        rate = f"{accepted / draft_tokens:.3f}" if draft_tokens else "-"
+        length = f"{1 + accepted / drafts:.2f}" if drafts else "-"
+        pauses = sum(s["num_disables"] for s in spec) if spec else "-"
+        ratio = f"{throughput / base:.3f}" if base else "-"
+        print(f"{workload:<9} {method:<12} {throughput:>12.1f}  {ratio:>5}  {tpot:>14.2f}  {rate:>10}  {length:>13}  "
+              f"{pauses:>6}")
+PY

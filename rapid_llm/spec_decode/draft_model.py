@@ -1,0 +1,118 @@
+"""Draft-model proposer: a small model with the target's tokenizer drafts k tokens per step, in the worker.
+
+After each target step it runs a catch-up forward over every token the target computed this step (each
+drafting row through its new last token, whose logits give the first draft), then k - 1 one-token steps over
+the drafting rows. Its KV layers share the target's block ids (`model_proposer.py`); what it writes past the
+scheduler's blocks (its own drafts, the new token when it starts a block) goes to per-slot scratch blocks, and
+the next catch-up rewrites those positions in real blocks, so rejected drafts need no rollback of their own.
+Greedy rows draft the argmax; sampled rows draw from q = softmax of the logits warped with the request's own
+temperature/top-k/top-p/min-p, with noise independent of the target's (a seeded row's is hashed from its seed
+salted for drafting, so seeded output stays reproducible).
+
+Usage: --speculative-config '{"method": "draft_model", "model": "demo-draft", "num_speculative_tokens": 3}'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rapid_llm.config import ModelConfig
+from rapid_llm.layers.attention import PagedAttentionLayer
+from rapid_llm.layers.forward_batch import ForwardBatch
+from rapid_llm.layers.sampler import log_exponential_noise, warp_logits
+from rapid_llm.layers.sampling_batch import to_int64
+from rapid_llm.model_loader import load_model
+from rapid_llm.ops.attention import StepLayout
+from rapid_llm.spec_decode.model_proposer import Drafts, ModelProposer, ProposerStep, TargetContext
+from rapid_llm.utils.demo_checkpoint import model_dir_or_demo
+from rapid_llm.utils.host_staging import to_device
+
+DRAFT_SALT = to_int64(0x5DEECE66D2B79F5A)  # xor-ed into a seeded row's seed for its draft noise
+
+
+class DraftModelProposer(ModelProposer):
+    def __init__(self, config, target: TargetContext) -> None:
+        super().__init__(config, target)
+        target_config = target.model_config
+        self.model_config = ModelConfig.from_pretrained(model_dir_or_demo(config.model), dtype=target_config.dtype_name,
+                                                        max_model_len=target_config.max_model_len)
+        if self.model_config.vocab_size != target_config.vocab_size:
+            raise ValueError(f"--speculative-config: the draft model {config.model!r} has {self.model_config.vocab_size} "
+                             f"tokens, the target {target_config.vocab_size}: they must share the tokenizer")
+        self.model = load_model(self.model_config, target.device)
+        # The positions past a row's scheduler blocks it may write: the new token and k - 1 drafts.
+        self.scratch_blocks_per_slot = -(-config.num_speculative_tokens // target.block_size)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def kv_layers(self) -> list[PagedAttentionLayer]:
+        return [module for module in self.model.modules() if isinstance(module, PagedAttentionLayer)]
+
+    @torch.inference_mode()
+    def propose(self, step: ProposerStep) -> Drafts:
+        device = self.target.device
+        drafting = np.zeros(step.slots.size, dtype=bool)
+        drafting[step.draft_rows] = True
+        lengths = step.query_lens.copy()
+        lengths[step.draft_rows] = step.num_tokens - step.starts[step.draft_rows]
+        tables = [self._table(step, row, drafting[row]) for row in range(step.slots.size)]
+        hidden = self._forward(step, step.slots, lengths, step.starts + lengths, tables)
+        num_rows, k = step.draft_rows.size, int(step.max_drafts.max(initial=0))
+        tokens = torch.full((num_rows, k), -1, dtype=torch.int64, device=device)
+        if not num_rows:
+            return Drafts(tokens, None, np.zeros(0, dtype=bool))
+        slots = step.slots[step.draft_rows]
+        last = to_device([torch.from_numpy(np.cumsum(lengths)[step.draft_rows] - 1)], device)[0]
+        sampled = ~step.sampling.host_greedy[slots]
+        probs = (torch.zeros(num_rows, k, self.model_config.vocab_size, dtype=torch.float32, device=device)
+                 if sampled.any() else None)
+        logits = self.model.compute_logits(hidden[last])
+        active = np.arange(num_rows)
+        for position in range(k):
+            self._draw(step, logits, active, position, tokens, probs)
+            active = active[step.max_drafts[active] > position + 1]
+            if not active.size:
+                break
+            rows = step.draft_rows[active]
+            active_on_device = to_device([torch.from_numpy(active)], device)[0]
+            hidden = self._forward(step, step.slots[rows], np.ones(active.size, dtype=np.int64),
+                                   step.num_tokens[active] + position + 1, [tables[row] for row in rows.tolist()],
+                                   input_ids=tokens[active_on_device, position])
+            logits = self.model.compute_logits(hidden)
+        return Drafts(tokens, probs, sampled)
+
+    def _table(self, step: ProposerStep, row: int, drafting: bool) -> list[int]:
+        table = list(step.block_tables[row])
+        if drafting:
+            first = self.kv.first_scratch_block + int(step.slots[row]) * self.scratch_blocks_per_slot
+            table += range(first, first + self.scratch_blocks_per_slot)
+        return table
+
+    def _forward(self, step: ProposerStep, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                 tables: list[list[int]], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        width = max(len(table) for table in tables)
+        padded = [table + [self.kv.padding_block] * (width - len(table)) for table in tables]
+        layout = StepLayout(query_lens.tolist(), seq_lens.tolist(), padded, self.target.block_size)
+        attention = self.target.backend.build_metadata(layout, self.target.device)
+        if input_ids is None:
+            slots_on_device = to_device([torch.from_numpy(slots)], self.target.device)[0]
+            input_ids = step.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
+        return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
+
+    def _draw(self, step: ProposerStep, logits: torch.Tensor, active: np.ndarray, position: int,
+              tokens: torch.Tensor, probs: torch.Tensor | None) -> None:
+        """Draft `position` of the `active` rows (logits [len(active), V]): argmax, or a draw from q."""
+        device = self.target.device
+        rows = step.draft_rows[active]
+        slots = step.slots[rows]
+        slots_on_device, active_on_device = to_device([torch.from_numpy(slots), torch.from_numpy(active)], device)
+        batch = step.sampling.batch(slots, slots_on_device, step.num_outputs[active] + position)
+        logits = logits.float()
+        choice = logits.argmax(dim=-1)
+        if not batch.all_greedy:
+            warped = warp_logits(logits, batch)
+            noise = log_exponential_noise(warped.shape, batch.seeded_rows, batch.seeds ^ DRAFT_SALT, batch.seed_steps,
+                                          device)
+            choice = torch.where(batch.is_greedy, choice, (warped - noise).argmax(dim=-1))
+            probs[active_on_device, position] = warped.softmax(dim=-1)
+        tokens[active_on_device, position] = choice
