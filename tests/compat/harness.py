@@ -9,7 +9,9 @@ checks each feature's evidence. float32's reference is transformers, matched exa
 quantized cell's, is the engine with that dtype and quantization, every other feature off and every op on
 its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path); an
 output may part from such a reference only at a tie (NEAR_TIE_NATS), as another batch shape (a chunked
-prefill) rounds differently. The engine's stderr (its children's too) is captured for evidence and
+prefill) rounds differently. A feature whose request carries no logprobs (speculative decoding: they
+would disable it) is checked on/off instead: its cell must give exactly the tokens of the same cell with
+it off, which meets the reference as above. The engine's stderr (its children's too) is captured for evidence and
 reasons, and the scheduler's counters are read from the channel the server's frontend would read.
 """
 
@@ -162,12 +164,14 @@ class Reference:
 
 
 class References:
-    """The reference per (dtype, quantization), computed on first use (see the module docstring for which)."""
+    """The reference per (dtype, quantization), computed on first use (see the module docstring for which),
+    and the runs of cells that others are checked on/off against."""
 
     def __init__(self, checkpoint: Path, prompt_ids: list[list[int]]) -> None:
         self.checkpoint = checkpoint
         self.prompt_ids = prompt_ids
         self._references: dict[tuple[str, str | None], Reference] = {}
+        self.runs: dict[Combination, CellRun] = {}
 
     def get(self, dtype: str, quantization: str | None = None) -> Reference:
         key = (dtype, quantization)
@@ -214,21 +218,19 @@ def compare(tokens: list[list[int]], logprobs: list[list[TokenLogprobs | None]],
     return None, ties
 
 
-def run_cell(checkpoint: Path, combination: Combination, references: References,
-             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
-    """Run one combination; a declared-unsupported one is not started."""
-    reason = unsupported_reason(combination, unsupported)
-    if reason is not None:
-        return CellResult(combination, "unsupported", reason)
-    started = time.perf_counter()
-    engine_args, request = settings(combination, features)
-    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
-    expected = references.get(engine_args.get("dtype", "float32"), engine_args.get("quantization"))
-    try:
+def _engine_run(checkpoint: Path, combination: Combination, references: References,
+                features: Sequence[Feature]) -> CellRun:
+    """The cell's run, kept when a cell checked on/off against it may ask for it again."""
+    if combination not in references.runs:
+        engine_args, request = settings(combination, features)
         run = generate_twice(checkpoint, references.prompt_ids, engine_args, request)
-    except Exception as error:  # the engine refused or crashed: the cell failed, and says how
-        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
-                          time.perf_counter() - started)
+        if any(feature.golden_against_off for feature in features if feature.name in combination):
+            return run
+        references.runs[combination] = run
+    return references.runs[combination]
+
+
+def _against_reference(run: CellRun, expected: Reference) -> tuple[list[str], list[str]]:
     problems, ties = [], []
     for name, tokens, logprobs in (("first pass", run.first_pass, run.first_logprobs),
                                    ("second pass", run.second_pass, run.second_logprobs)):
@@ -236,13 +238,45 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
         if mismatch is not None:
             problems.append(f"{name}: {mismatch}")
         ties += [f"{name}: {tie}" for tie in pass_ties]
+    return problems, ties
+
+
+def run_cell(checkpoint: Path, combination: Combination, references: References,
+             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
+    """Run one combination; a declared-unsupported one is not started."""
+    reason = unsupported_reason(combination, unsupported)
+    if reason is not None:
+        return CellResult(combination, "unsupported", reason)
+    started = time.perf_counter()
+    engine_args, _ = settings(combination, features)
+    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
+    expected = references.get(engine_args.get("dtype", "float32"), engine_args.get("quantization"))
+    on_off = [f for f in features if f.golden_against_off and f.name in combination]
+    without = tuple(name for name in combination if name not in {f.name for f in on_off})
+    try:
+        run = _engine_run(checkpoint, combination, references, features)
+        baseline = _engine_run(checkpoint, without, references, features) if on_off else run
+    except Exception as error:  # the engine refused or crashed: the cell failed, and says how
+        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                          time.perf_counter() - started)
+    problems, ties = _against_reference(baseline, expected)
+    if on_off:
+        off = f"with {' and '.join(f.title for f in on_off)} off"
+        problems = [f"{off}: {problem}" for problem in problems]
+        ties = [f"{off}: {tie}" for tie in ties]
+        for name, tokens, wanted in (("first pass", run.first_pass, baseline.first_pass),
+                                     ("second pass", run.second_pass, baseline.second_pass)):
+            mismatch, _ = compare(tokens, [], Reference(wanted, None))
+            if mismatch is not None:
+                problems.append(f"{name}, against the run {off}: {mismatch}")
     for feature in features:
         if feature.evidence is not None and (missing := feature.evidence(run, feature.name in combination)):
             problems.append(missing)
     seconds = time.perf_counter() - started
     if problems:
         return CellResult(combination, "failed", "; ".join(problems), seconds)
-    note = f"parted from the reference only at ties at {engine_args.get('dtype')} precision: " if ties else ""
+    precision = " ".join(filter(None, (engine_args.get("dtype", "float32"), engine_args.get("quantization"))))
+    note = f"parted from the reference only at ties at {precision} precision: " if ties else ""
     return CellResult(combination, "passed", note + "; ".join(ties), seconds)
 
 

@@ -9,6 +9,7 @@ pair of today's features and all on.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,8 @@ def test_the_ci_subset_covers_every_fast_float32_feature() -> None:
 def test_speculation_whose_drafts_are_all_blocked_fails_its_evidence(checkpoint, references) -> None:
     # logprobs (the harness's default request) keep every request from drafting: the tokens still match,
     # so only the evidence can tell that speculation never ran.
-    blocked = tuple(Feature(f.name, f.title, f.off, Setting(f.on.label, f.on.engine_args), f.evidence)
-                    if f.name == "speculative" else f for f in FEATURES)
+    blocked = tuple(dataclasses.replace(f, on=Setting(f.on.label, f.on.engine_args)) if f.name == "speculative"
+                    else f for f in FEATURES)
     result = run_cell(checkpoint, ("speculative",), references, blocked)
     assert (result.status, result.reason) == ("failed", "speculative decoding is on, yet no draft was verified")
 
