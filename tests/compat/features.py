@@ -2,9 +2,10 @@
 
 Each feature has an "off" and an "on" setting (engine arguments of `LLM(...)`, and request fields
 where a feature is a request-level one) and, where the setting could silently not take effect, the
-evidence a run must show. A new feature (ops backends, CUDA graphs, quantization, speculative
-decoding, parallelism) adds one `Feature` here, and one `Unsupported` per combination it cannot
-run with; the harness, the CI subset and docs/compatibility.md pick it up from here.
+evidence a run must show. A new feature adds one `Feature` here, and one `Unsupported` per combination
+the engine refuses; the harness, the CI subset and docs/compatibility.md pick it up from here. Not here
+yet: CUDA graphs (CUDA only; the matrix runs on the CPU) and op backends (dtype's bf16 setting already pins
+ops for its reference, and the per-op goldens are tests/kernels' and the op numerics test's).
 """
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
         "any quantized cell, the engine's own output with that dtype and quantization, every other feature off "
         "and every op on its torch reference (transformers rounds bf16 in another order and has no fp8 path), "
         f"from which an output may part only at a tie (top logprobs within {NEAR_TIE_NATS} nats on both "
-        "sides; such cells say where; a run without logprobs, as speculative decoding's, must match exactly). "
+        "sides; such cells say where). A feature whose request cannot carry logprobs (speculative decoding: "
+        "they would disable its drafts) is checked on/off: its cell must give exactly the tokens of the same "
+        "cell with it off, and that run must meet the reference as above. "
         "Where a setting could silently not take effect, the run must also show it did (the evidence column). "
         "Features and unsupported combinations are declared in `tests/compat/features.py`; "
         "`tests/compat/test_compat_matrix.py` runs a subset in CI (features marked \"full run only\" stay out "
@@ -79,6 +81,8 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
     ]
     for feature in features:
         evidence = feature.evidence.__doc__ if feature.evidence else "by construction"
+        if feature.golden_against_off:
+            evidence += "; the tokens equal the same cell's with it off"
         if feature.slow:
             evidence += " (full run only)"
         lines.append(f"| {feature.title} | {_setting_text(feature.off)} | {_setting_text(feature.on)} | {evidence} |")
