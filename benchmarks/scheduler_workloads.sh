@@ -5,11 +5,14 @@
 #            a mixed long/short random workload; run in interleaved pairs, the prefix cache flushed before each;
 #  chunked   short prompts decoding 128 tokens at concurrency 4 while 1500-token prompts arrive at 0.5/s, on a
 #            server with a small token budget (prompts chunked) and one >= the longest prompt (not chunked);
-#  prefix    benchmarks/prefix_cache_ab.sh (P50/P90/P99 and the hit rate sampled every second).
+#  prefix    benchmarks/prefix_cache_ab.sh (P50/P90/P99 and the hit rate sampled every second);
+#  prefix-order  prefix_cache_ab.sh's shared-prompt workload with every request's TTFT saved, caching on / off
+#            in interleaved pairs (one server each), for TTFT by arrival order and cold vs warm requests
+#            (workload_summary.py prefix-order); WARMUP=1 sends 8 short requests before each run.
 # Ends with benchmarks/workload_summary.py scheduler OUT_DIR > OUT_DIR/summary.md.
 #
 #   usage: benchmarks/scheduler_workloads.sh MODEL_DIR [OUT_DIR]
-#   WORKLOADS   which to run (default "batching chunked prefix")
+#   WORKLOADS   which to run (default "batching chunked prefix"; prefix-order only when named)
 #   PAIRS       A/B pairs per workload (default 2)
 #   BUDGETS     token budgets of the chunked workload, small then large (default "256 2048")
 set -euo pipefail
@@ -80,7 +83,29 @@ for workload in $WORKLOADS; do
     prefix)
         benchmarks/prefix_cache_ab.sh "$MODEL" "$OUT/prefix"
         ;;
-    *) echo "unknown workload $workload (batching, chunked, prefix)" >&2; exit 2 ;;
+    prefix-order)
+        suffix=""
+        [ "${WARMUP:-0}" = 1 ] && suffix="-warm"
+        for pair in $(seq 1 "$PAIRS"); do
+            for mode in on off; do
+                flag=()
+                [ "$mode" = off ] && flag=(--disable-prefix-caching)
+                start_server "${flag[@]}"
+                if [ "${WARMUP:-0}" = 1 ]; then
+                    python3 benchmarks/bench_serving.py --base-url "$URL" --dataset-name random --random-input-len 64 \
+                        --random-output-len 16 --num-prompts 8 --seed 99 --temperature 0 --disable-tqdm >/dev/null
+                    flush
+                fi
+                python3 benchmarks/bench_serving.py --base-url "$URL" --dataset-name generated-shared-prefix \
+                    --gsp-num-groups 8 --gsp-prompts-per-group 8 --gsp-system-prompt-len 512 --gsp-question-len 64 \
+                    --gsp-output-len 32 --max-concurrency 8 --temperature 0 --ignore-eos --disable-tqdm \
+                    --label "gsp-$mode" "${PERCENTILES[@]}" --save-result --save-detailed \
+                    --result-dir "$OUT/prefix-order" --result-filename "caching-$mode$suffix-$pair.json" >/dev/null
+                stop_server
+            done
+        done
+        ;;
+    *) echo "unknown workload $workload (batching, chunked, prefix, prefix-order)" >&2; exit 2 ;;
     esac
 done
 python3 benchmarks/workload_summary.py scheduler "$OUT" | tee "$OUT/summary.md"

@@ -2,6 +2,7 @@
 
     python benchmarks/workload_summary.py scheduler benchmark-results/scheduler-workloads-20261202
     python benchmarks/workload_summary.py long-context benchmark-results/long-context-20261202
+    python benchmarks/workload_summary.py prefix-order benchmark-results/prefix-order-20261202
 
 Reads only the bench_serving.py result JSONs (and the metrics_sampler.py series) the scripts saved; every
 number printed is a field of those files or computed from their per-request arrays (--save-detailed): the
@@ -104,6 +105,47 @@ def prefix_section(directory: Path) -> str:
     return "### Prefix caching (shared system prompts)\n\n" + table(header, rows)
 
 
+# The shared-prompt workload of scheduler_workloads.sh prefix-order (and prefix_cache_ab.sh).
+GSP_WORKLOAD = {"num_groups": 8, "prompts_per_group": 8, "system_prompt_len": 512, "question_len": 64,
+                "output_len": 32, "seed": 0}
+
+
+def cold_requests(result: Row) -> list[bool]:
+    """Per request (in send order of the file): it had to compute its system prompt -- sent before the first
+    request of its group had its first token (so no block of that prompt was cached yet)."""
+    from benchmarks.common.datasets import load_tokenizer, sample_generated_shared_prefix
+
+    requests = sample_generated_shared_prefix(load_tokenizer(result["tokenizer_id"]), **GSP_WORKLOAD)
+    if len(requests) != len(result["ttfts"]):
+        raise ValueError(f"{len(result['ttfts'])} requests in the result, {len(requests)} in the workload")
+    groups = [request.prompt.split("\n\n", 1)[0] for request in requests]
+    first_token: dict[str, float] = {}
+    for index in sorted(range(len(groups)), key=lambda i: result["start_times"][i]):
+        first_token.setdefault(groups[index], result["start_times"][index] + result["ttfts"][index])
+    return [result["start_times"][i] < first_token[groups[i]] for i in range(len(groups))]
+
+
+def prefix_order_section(directory: Path) -> str:
+    header = ["run", "TTFT P50/P90/P99 ms", "cold requests", "cold TTFT P50/max ms", "warm TTFT P50/max ms",
+              "first 8 sent: TTFT P50/max ms", "the 7 slowest TTFTs: send rank (c = cold)"]
+    rows = []
+    for name, r in runs(directory, "caching-*.json"):
+        cold = cold_requests(r)
+        order = sorted(range(len(cold)), key=lambda i: r["start_times"][i])
+        rank = {index: position for position, index in enumerate(order)}
+        ttfts = r["ttfts"]
+
+        def p50_max(indices: list[int]) -> str:
+            values = [ttfts[i] for i in indices]
+            return f"{1000 * float(np.median(values)):.0f}/{1000 * max(values):.0f}" if values else "–"
+
+        slowest = sorted(range(len(ttfts)), key=lambda i: -ttfts[i])[:7]
+        rows.append([name, "/".join(f"{v:.0f}" for v in percentiles_ms(ttfts)), sum(cold),
+                     p50_max([i for i in order if cold[i]]), p50_max([i for i in order if not cold[i]]),
+                     p50_max(order[:8]), " ".join(f"{rank[i]}{'c' if cold[i] else ''}" for i in slowest)])
+    return "### Prefix caching: TTFT by send order, cold vs warm requests\n\n" + table(header, rows)
+
+
 def long_context_section(directory: Path) -> str:
     header = ["system", "input len (requested)", "conc.", "prefill tok/s (input / TTFT)", "TTFT P50 ms", "TPOT P50 ms",
               "output tok/s", "KV capacity (requests)"]
@@ -124,8 +166,10 @@ def long_context_section(directory: Path) -> str:
 
 
 SECTIONS: dict[str, list[tuple[str, Callable[[Path], str]]]] = {
-    "scheduler": [("batching", batching_section), ("chunked", chunked_section), ("prefix", prefix_section)],
+    "scheduler": [("batching", batching_section), ("chunked", chunked_section), ("prefix", prefix_section),
+                  ("prefix-order", prefix_order_section)],
     "long-context": [(".", long_context_section)],
+    "prefix-order": [("prefix-order", prefix_order_section)],
 }
 
 

@@ -2,9 +2,10 @@
 
 Each feature has an "off" and an "on" setting (engine arguments of `LLM(...)`, and request fields
 where a feature is a request-level one) and, where the setting could silently not take effect, the
-evidence a run must show. A new feature (ops backends, CUDA graphs, quantization, speculative
-decoding, parallelism) adds one `Feature` here, and one `Unsupported` per combination it cannot
-run with; the harness, the CI subset and docs/compatibility.md pick it up from here.
+evidence a run must show. A new feature adds one `Feature` here, and one `Unsupported` per combination
+the engine refuses; the harness, the CI subset and docs/compatibility.md pick it up from here. Not here
+yet: CUDA graphs (CUDA only; the matrix runs on the CPU) and op backends (dtype's bf16 setting already pins
+ops for its reference, and the per-op goldens are tests/kernels' and the op numerics test's).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from rapid_llm.ipc.messages import TokenLogprobs
+from rapid_llm.ipc.messages import SchedulerStats, TokenLogprobs
 from tests.op_pins import BF16_PINNED
 
 
@@ -28,6 +29,9 @@ class CellRun:
     # Prompt tokens served from the prefix cache in the second pass (the first filled it).
     cached_tokens_second_pass: int
     log: str
+    # The scheduler's last counters after both passes (None: none arrived), and the engine's settings summary.
+    stats: SchedulerStats | None
+    summary: Mapping[str, Any]
 
 
 # (run, whether the feature was on) -> why the run shows the setting did not take effect, or None.
@@ -49,6 +53,11 @@ class Feature:
     off: Setting
     on: Setting
     evidence: Evidence | None = None
+    # Too slow for the CI subset (extra processes per run); the full run covers it.
+    slow: bool = False
+    # Its "on" request carries no logprobs, so a tie cannot be told from a difference: a cell with it on must
+    # give exactly the tokens of the same cell with it off (which is checked against the reference).
+    golden_against_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,33 @@ def _preempted(run: CellRun, on: bool) -> str | None:
     return None
 
 
+def _drafts_verified(run: CellRun, on: bool) -> str | None:
+    """the scheduler counts verified drafts when on, none when off"""
+    if run.stats is None:
+        return "the scheduler published no counters"
+    drafts = run.stats.spec_decode_num_drafts
+    if on and drafts == 0:
+        return "speculative decoding is on, yet no draft was verified"
+    if not on and drafts:
+        return f"speculative decoding is off, yet {drafts} drafts were verified"
+    return None
+
+
+def _quantized(run: CellRun, on: bool) -> str | None:
+    """the engine's summary names the quantization method when on, none when off"""
+    quantization = run.summary.get("quantization")
+    if on and not quantization:
+        return "--quantization fp8 was given, yet the engine reports no quantization"
+    if not on and quantization:
+        return f"no quantization was asked for, yet the engine reports {quantization}"
+    return None
+
+
+# Drafts are made only for requests without logprobs, min_tokens or penalties (scheduler_proc/speculation.py):
+# speculation's "on" asks for neither and lets EOS through as an ordinary token instead of masking it.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NO_DRAFT_BLOCKERS = {"logprobs": None, "min_tokens": 0, "ignore_eos": True}
+
 # The prompts (tests/compat/harness.py) are 5-40 tokens with 24 new tokens each: a budget of 8 tokens
 # chunks every prompt but the shortest, 256 fits all four prompts in one step; 20 blocks of 4 tokens
 # hold 80 tokens, under the ~180 the four requests need at once.
@@ -100,7 +136,22 @@ FEATURES: tuple[Feature, ...] = (
     Feature("dtype", "dtype",
             off=Setting("float32", {"dtype": "float32"}),
             on=Setting("bfloat16", {"dtype": "bfloat16", "op_backend": BF16_PINNED})),
+    Feature("speculative", "speculative decoding",
+            off=Setting("off"),
+            on=Setting("ngram", {"speculative_config": NGRAM}, request=NO_DRAFT_BLOCKERS),
+            evidence=_drafts_verified, golden_against_off=True),
+    Feature("quantization", "quantization",
+            off=Setting("off"),
+            on=Setting("fp8", {"quantization": "fp8"}),
+            evidence=_quantized),
+    Feature("tensor_parallel", "tensor parallel",
+            off=Setting("1", {"tensor_parallel_size": 1}),
+            on=Setting("2", {"tensor_parallel_size": 2}),
+            slow=True),
 )
 
-# None today: every combination of the features above is meant to work.
-UNSUPPORTED: tuple[Unsupported, ...] = ()
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(frozenset({"tensor_parallel", "quantization"}),
+                "the engine refuses --quantization with --tensor-parallel-size > 1 at start-up: the quantized "
+                "linear methods' scales have not been tested sliced over ranks (docs/parallelism.md)"),
+)

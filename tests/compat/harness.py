@@ -4,12 +4,15 @@ A combination names the features that are on (the rest are off): the baseline (n
 alone, every pair, and all on -- so every pair of values of any two features is run, with everything
 else off. A cell starts the offline `LLM` with the combination's settings, generates greedy tokens for
 the prompts twice (the second pass, in reverse order, finds the first's most recent blocks in the
-prefix cache) and compares both passes with the reference of the cell's dtype, then checks each
-feature's evidence. float32's reference is transformers, matched exactly. bfloat16's is the engine with
-every feature off and every op on its torch reference (transformers rounds bf16 in another order,
-tests/op_pins.py); a bf16 output may part from it only at a tie at bf16 precision (NEAR_TIE_NATS), as
-another batch shape (a chunked prefill) rounds differently. The engine's stderr (its children's too)
-is captured for evidence and reasons.
+prefix cache) and compares both passes with the reference of the cell's dtype and quantization, then
+checks each feature's evidence. float32's reference is transformers, matched exactly. bfloat16's, and a
+quantized cell's, is the engine with that dtype and quantization, every other feature off and every op on
+its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path); an
+output may part from such a reference only at a tie (NEAR_TIE_NATS), as another batch shape (a chunked
+prefill) rounds differently. A feature whose request carries no logprobs (speculative decoding: they
+would disable it) is checked on/off instead: its cell must give exactly the tokens of the same cell with
+it off, which meets the reference as above. The engine's stderr (its children's too) is captured for evidence and
+reasons, and the scheduler's counters are read from the channel the server's frontend would read.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
+import zmq
 
 from rapid_llm import LLM, SamplingParams
-from rapid_llm.ipc.messages import TokenLogprobs
+from rapid_llm.ipc.messages import SchedulerStats, SchedulerToFrontend, TokenLogprobs
+from rapid_llm.ipc.sockets import Receiver
 from tests.compat.features import FEATURES, UNSUPPORTED, CellRun, Feature, Unsupported
 from tests.hf_reference import hf_greedy, hf_model
 from tests.op_pins import ALL_REFERENCE
@@ -47,12 +52,17 @@ def prompts() -> list[list[int]]:
     return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def combinations(features: Sequence[Feature] = FEATURES) -> list[Combination]:
-    """Baseline, each feature alone, every pair, then all on (when that is not already a pair)."""
+def combinations(features: Sequence[Feature] = FEATURES,
+                 unsupported: Sequence[Unsupported] = UNSUPPORTED) -> list[Combination]:
+    """Baseline, each feature alone, every pair, then all on (when that is not already a pair); where all on
+    is unsupported, also each all-but-one combination that is not, so every feature still runs with the rest."""
     names = [feature.name for feature in features]
     result: list[Combination] = [(), *((name,) for name in names), *itertools.combinations(names, 2)]
     if len(names) > 2:
         result.append(tuple(names))
+        if unsupported_reason(tuple(names), unsupported) is not None:
+            all_but_one = [tuple(n for n in names if n != left_out) for left_out in names]
+            result += [c for c in all_but_one if unsupported_reason(c, unsupported) is None]
     return result
 
 
@@ -109,16 +119,41 @@ def greedy(request: dict[str, Any]) -> SamplingParams:
                              "logprobs": TOP_LOGPROBS, **request})
 
 
+def last_stats(receiver: Receiver, quiet_s: float = 0.3) -> SchedulerStats | None:
+    """The newest counters the scheduler published, once it is idle and quiet for `quiet_s`."""
+    stats = None
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        if not receiver.socket.poll(int(quiet_s * 1000)):
+            if stats is not None and stats.num_running == stats.num_waiting == 0:
+                break
+            continue
+        message = receiver.recv_nowait()
+        if isinstance(message, SchedulerStats):
+            stats = message
+    return stats
+
+
 def generate_twice(checkpoint: Path, prompt_ids: list[list[int]], engine_args: dict[str, Any],
                    request: dict[str, Any]) -> CellRun:
-    with captured_stderr() as log_path:
-        with LLM(model=str(checkpoint), **engine_args) as llm:
-            first = llm.generate(prompt_ids, greedy(request))
-            second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
-        log = log_path.read_text(errors="replace")
+    context = zmq.Context()
+    try:
+        with captured_stderr() as log_path:
+            with LLM(model=str(checkpoint), **engine_args) as llm:
+                # The offline LLM does not read the scheduler's counters; the harness binds their channel
+                # (the scheduler retries what it could not send, so the newest snapshot arrives).
+                counters: Receiver = Receiver(context, llm._engine.paths.scheduler_to_frontend, SchedulerToFrontend)
+                first = llm.generate(prompt_ids, greedy(request))
+                second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
+                stats = last_stats(counters)
+                counters.socket.close()
+                summary = llm.config.summary()
+            log = log_path.read_text(errors="replace")
+    finally:
+        context.destroy(linger=0)
     return CellRun([o.token_ids for o in first], [o.token_ids for o in second],
                    [o.outputs[0].logprobs for o in first], [o.outputs[0].logprobs for o in second],
-                   sum(o.num_cached_tokens for o in second), log)
+                   sum(o.num_cached_tokens for o in second), log, stats, summary)
 
 
 @dataclass(frozen=True)
@@ -129,24 +164,27 @@ class Reference:
 
 
 class References:
-    """The reference per dtype, computed on first use (see the module docstring for which)."""
+    """The reference per (dtype, quantization), computed on first use (see the module docstring for which),
+    and the runs of cells that others are checked on/off against."""
 
     def __init__(self, checkpoint: Path, prompt_ids: list[list[int]]) -> None:
         self.checkpoint = checkpoint
         self.prompt_ids = prompt_ids
-        self._references: dict[str, Reference] = {}
+        self._references: dict[tuple[str, str | None], Reference] = {}
+        self.runs: dict[Combination, CellRun] = {}
 
-    def get(self, dtype: str) -> Reference:
-        if dtype not in self._references:
-            if dtype == "float32":
+    def get(self, dtype: str, quantization: str | None = None) -> Reference:
+        key = (dtype, quantization)
+        if key not in self._references:
+            if key == ("float32", None):
                 model = hf_model(self.checkpoint, torch.float32)
-                self._references[dtype] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
+                self._references[key] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
             else:
                 engine_args, _ = settings(())
-                engine_args.update(dtype=dtype, **ALL_REFERENCE)
+                engine_args.update(dtype=dtype, quantization=quantization, **ALL_REFERENCE)
                 run = generate_twice(self.checkpoint, self.prompt_ids, engine_args, {})
-                self._references[dtype] = Reference(run.first_pass, run.first_logprobs)
-        return self._references[dtype]
+                self._references[key] = Reference(run.first_pass, run.first_logprobs)
+        return self._references[key]
 
 
 def _logprob(entry: TokenLogprobs | None, token: int) -> float | None:
@@ -180,21 +218,19 @@ def compare(tokens: list[list[int]], logprobs: list[list[TokenLogprobs | None]],
     return None, ties
 
 
-def run_cell(checkpoint: Path, combination: Combination, references: References,
-             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
-    """Run one combination; a declared-unsupported one is not started."""
-    reason = unsupported_reason(combination, unsupported)
-    if reason is not None:
-        return CellResult(combination, "unsupported", reason)
-    started = time.perf_counter()
-    engine_args, request = settings(combination, features)
-    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
-    expected = references.get(engine_args.get("dtype", "float32"))
-    try:
+def _engine_run(checkpoint: Path, combination: Combination, references: References,
+                features: Sequence[Feature]) -> CellRun:
+    """The cell's run, kept when a cell checked on/off against it may ask for it again."""
+    if combination not in references.runs:
+        engine_args, request = settings(combination, features)
         run = generate_twice(checkpoint, references.prompt_ids, engine_args, request)
-    except Exception as error:  # the engine refused or crashed: the cell failed, and says how
-        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
-                          time.perf_counter() - started)
+        if any(feature.golden_against_off for feature in features if feature.name in combination):
+            return run
+        references.runs[combination] = run
+    return references.runs[combination]
+
+
+def _against_reference(run: CellRun, expected: Reference) -> tuple[list[str], list[str]]:
     problems, ties = [], []
     for name, tokens, logprobs in (("first pass", run.first_pass, run.first_logprobs),
                                    ("second pass", run.second_pass, run.second_logprobs)):
@@ -202,13 +238,45 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
         if mismatch is not None:
             problems.append(f"{name}: {mismatch}")
         ties += [f"{name}: {tie}" for tie in pass_ties]
+    return problems, ties
+
+
+def run_cell(checkpoint: Path, combination: Combination, references: References,
+             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
+    """Run one combination; a declared-unsupported one is not started."""
+    reason = unsupported_reason(combination, unsupported)
+    if reason is not None:
+        return CellResult(combination, "unsupported", reason)
+    started = time.perf_counter()
+    engine_args, _ = settings(combination, features)
+    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
+    expected = references.get(engine_args.get("dtype", "float32"), engine_args.get("quantization"))
+    on_off = [f for f in features if f.golden_against_off and f.name in combination]
+    without = tuple(name for name in combination if name not in {f.name for f in on_off})
+    try:
+        run = _engine_run(checkpoint, combination, references, features)
+        baseline = _engine_run(checkpoint, without, references, features) if on_off else run
+    except Exception as error:  # the engine refused or crashed: the cell failed, and says how
+        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                          time.perf_counter() - started)
+    problems, ties = _against_reference(baseline, expected)
+    if on_off:
+        off = f"with {' and '.join(f.title for f in on_off)} off"
+        problems = [f"{off}: {problem}" for problem in problems]
+        ties = [f"{off}: {tie}" for tie in ties]
+        for name, tokens, wanted in (("first pass", run.first_pass, baseline.first_pass),
+                                     ("second pass", run.second_pass, baseline.second_pass)):
+            mismatch, _ = compare(tokens, [], Reference(wanted, None))
+            if mismatch is not None:
+                problems.append(f"{name}, against the run {off}: {mismatch}")
     for feature in features:
         if feature.evidence is not None and (missing := feature.evidence(run, feature.name in combination)):
             problems.append(missing)
     seconds = time.perf_counter() - started
     if problems:
         return CellResult(combination, "failed", "; ".join(problems), seconds)
-    note = f"parted from the reference only at ties at {engine_args.get('dtype')} precision: " if ties else ""
+    precision = " ".join(filter(None, (engine_args.get("dtype", "float32"), engine_args.get("quantization"))))
+    note = f"parted from the reference only at ties at {precision} precision: " if ties else ""
     return CellResult(combination, "passed", note + "; ".join(ties), seconds)
 
 
@@ -217,7 +285,7 @@ def run_matrix(checkpoint: Path, selected: Sequence[Combination] | None = None,
                progress: bool = False) -> list[CellResult]:
     references = References(checkpoint, prompts())
     results = []
-    for combination in selected if selected is not None else combinations(features):
+    for combination in selected if selected is not None else combinations(features, unsupported):
         result = run_cell(checkpoint, combination, references, features, unsupported)
         if progress:
             print(f"{'+'.join(combination) or 'baseline'}: {result.status} ({result.seconds:.1f} s) {result.reason}",

@@ -28,6 +28,9 @@ def combination_label(combination: Combination, features: Sequence[Feature] = FE
         return "baseline (all off)"
     if len(combination) == len(features) > 2:
         return "all on"
+    if len(combination) == len(features) - 1 > 2:
+        left_out = next(feature.title for feature in features if feature.name not in combination)
+        return f"all on but {left_out}"
     titles = {feature.name: feature.title for feature in features}
     return " + ".join(titles[name] for name in combination)
 
@@ -59,12 +62,17 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
         f"Each run is the golden greedy test: the offline `LLM` on a tiny random Llama checkpoint generates "
         f"{NEW_TOKENS} greedy tokens for {len(PROMPT_LENGTHS)} prompts of {', '.join(map(str, PROMPT_LENGTHS))} "
         "tokens, twice in one engine (the second pass, in reverse order, can reuse the first's prefix cache), "
-        "and both passes must equal the reference: transformers for float32, exactly; for bfloat16 the engine "
-        "with every feature off and every op on its torch reference (transformers rounds bf16 in another "
-        f"order), from which an output may part only at a tie at bf16 precision (top logprobs within "
-        f"{NEAR_TIE_NATS} nats on both sides; such cells say where). Where a setting could silently not take "
-        "effect, the run must also show it did (the evidence column). Features and unsupported combinations "
-        "are declared in `tests/compat/features.py`; `tests/compat/test_compat_matrix.py` runs a subset in CI.",
+        "and both passes must equal the reference: transformers for float32, exactly; for bfloat16, and for "
+        "any quantized cell, the engine's own output with that dtype and quantization, every other feature off "
+        "and every op on its torch reference (transformers rounds bf16 in another order and has no fp8 path), "
+        f"from which an output may part only at a tie (top logprobs within {NEAR_TIE_NATS} nats on both "
+        "sides; such cells say where). A feature whose request cannot carry logprobs (speculative decoding: "
+        "they would disable its drafts) is checked on/off: its cell must give exactly the tokens of the same "
+        "cell with it off, and that run must meet the reference as above. "
+        "Where a setting could silently not take effect, the run must also show it did (the evidence column). "
+        "Features and unsupported combinations are declared in `tests/compat/features.py`; "
+        "`tests/compat/test_compat_matrix.py` runs a subset in CI (features marked \"full run only\" stay out "
+        "of it: they start extra processes).",
         "",
         "## Features",
         "",
@@ -73,6 +81,10 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
     ]
     for feature in features:
         evidence = feature.evidence.__doc__ if feature.evidence else "by construction"
+        if feature.golden_against_off:
+            evidence += "; the tokens equal the same cell's with it off"
+        if feature.slow:
+            evidence += " (full run only)"
         lines.append(f"| {feature.title} | {_setting_text(feature.off)} | {_setting_text(feature.on)} | {evidence} |")
     lines += [
         "",
@@ -90,6 +102,9 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
     lines += ["", f"Baseline (all off): {cell(())}", ""]
     if len(features) > 2:
         lines += [f"All on: {cell(tuple(f.name for f in features))}", ""]
+        for combination in by_combination:
+            if len(combination) == len(features) - 1 > 2:
+                lines += [f"{combination_label(combination, features).capitalize()}: {cell(combination)}", ""]
     lines += ["## Every run", "", "| run | result | seconds |", "| --- | --- | --- |"]
     for result in results:
         lines.append(f"| {combination_label(result.combination, features)} | {cell(result.combination)} | "

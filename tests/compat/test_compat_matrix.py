@@ -1,13 +1,15 @@
 """The compatibility matrix's CI subset, and the harness failing what is broken.
 
 A few float32 cells run here (the full matrix: `python -m tests.compat.matrix --write docs/compatibility.md`);
-a made-up feature that samples instead of decoding greedily must come out as a failed cell, a declared
+a made-up feature that samples instead of decoding greedily must come out as a failed cell, as must
+speculation whose every draft is blocked (the tokens match; the evidence does not), a declared
 unsupported combination as unsupported without an engine, and docs/compatibility.md must cover every
 pair of today's features and all on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,8 @@ from tests.compat.harness import (NEAR_TIE_NATS, CellResult, Reference, Referenc
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Two pairs, chosen so each of today's float32 features is on in one of them.
-CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption")]
+# Three pairs, chosen so each float32 feature that starts no extra process is on in one of them.
+CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption"), ("speculative", "quantization")]
 FACTS = {"commit": "test", "device": "cpu", "date": "today"}
 
 
@@ -37,6 +39,22 @@ def references(checkpoint) -> References:
 def test_ci_subset_passes(checkpoint) -> None:
     results = run_matrix(checkpoint, CI_SUBSET)
     assert [(r.combination, r.status, r.reason) for r in results] == [(c, "passed", "") for c in CI_SUBSET]
+
+
+def test_the_ci_subset_covers_every_fast_float32_feature() -> None:
+    covered = {name for combination in CI_SUBSET for name in combination}
+    fast = {feature.name for feature in FEATURES if not feature.slow and feature.name != "dtype"}
+    assert covered == fast
+    assert not any(feature.slow for feature in FEATURES if feature.name in covered)
+
+
+def test_speculation_whose_drafts_are_all_blocked_fails_its_evidence(checkpoint, references) -> None:
+    # logprobs (the harness's default request) keep every request from drafting: the tokens still match,
+    # so only the evidence can tell that speculation never ran.
+    blocked = tuple(dataclasses.replace(f, on=Setting(f.on.label, f.on.engine_args)) if f.name == "speculative"
+                    else f for f in FEATURES)
+    result = run_cell(checkpoint, ("speculative",), references, blocked)
+    assert (result.status, result.reason) == ("failed", "speculative decoding is on, yet no draft was verified")
 
 
 def test_a_broken_combination_is_a_failed_cell(checkpoint, references) -> None:
@@ -73,10 +91,18 @@ def test_two_features_setting_one_argument_differently_is_refused() -> None:
 
 
 def test_the_combinations_are_baseline_singles_pairs_and_all_on() -> None:
-    runs = combinations()
     names = [feature.name for feature in FEATURES]
+    runs = combinations(unsupported=())
     assert runs[0] == () and runs[-1] == tuple(names)
     assert len(runs) == len(set(runs)) == 1 + len(names) + len(names) * (len(names) - 1) // 2 + 1
+
+
+def test_an_unsupported_all_on_adds_the_supported_all_but_one_runs() -> None:
+    names = [feature.name for feature in FEATURES]
+    declared = (Unsupported(frozenset({"chunked_prefill", "preemption"}), "made up for the test"),)
+    runs = combinations(unsupported=declared)
+    assert runs[-3] == tuple(names)
+    assert runs[-2:] == [tuple(n for n in names if n != "chunked_prefill"), tuple(n for n in names if n != "preemption")]
 
 
 def test_the_page_is_generated_and_covers_every_pair_and_all_on() -> None:
