@@ -7,9 +7,10 @@ Key design choice: the same scheduler and worker the server runs, driven in a lo
 verification add per step against the tokens they save. Workload A of issue 15 (greedy code completion):
 each prompt is a held-out CPython file's header and ~`--prompt-chars` characters of lines from its middle
 (`tools/demo_model/data/held_out.txt`), on the demo target (draft model: demo-draft). Every method runs
-once unmeasured, then `--pairs` rounds in rotating order; each round prints per method the wall time,
-TPOT (mean over requests of (last token - first token) / (tokens - 1)), output throughput, steps and
-acceptance, and the time and TPOT ratios against the first method.
+once unmeasured, then `--pairs` rounds in rotating order; each round prints per method the wall time, the
+process CPU time (steadier than wall time on a shared machine, with one thread), TPOT (mean over requests
+of (last token - first token) / (tokens - 1)), output throughput, steps, acceptance, and the time, CPU and
+TPOT ratios against the first method.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run(runner: ModelRunner, spec: SpeculativeConfig | None, prompts: list[list[
     for index, prompt in enumerate(prompts):
         scheduler.add_request(GenerateRequest(f"{tag}-{index}", prompt, params))
     first, last, counts = {}, {}, {}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while scheduler.has_unfinished_requests():
         plan = scheduler.schedule()
         if plan is None:
@@ -83,13 +84,13 @@ def run(runner: ModelRunner, spec: SpeculativeConfig | None, prompts: list[list[
                 first.setdefault(update.request_id, now)
                 last[update.request_id] = now
                 counts[update.request_id] = counts.get(update.request_id, 0) + len(update.token_ids)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     stats = scheduler.stats()
     tpot = sum((last[r] - first[r]) / (counts[r] - 1) for r in counts) / len(counts)
     acceptance = (stats.spec_decode_num_accepted_tokens / stats.spec_decode_num_draft_tokens
                   if stats.spec_decode_num_draft_tokens else float("nan"))
-    return {"time": elapsed, "tpot": tpot, "throughput": sum(counts.values()) / elapsed, "steps": stats.num_steps,
-            "acceptance": acceptance}
+    return {"time": elapsed, "cpu": cpu, "tpot": tpot, "throughput": sum(counts.values()) / elapsed,
+            "steps": stats.num_steps, "acceptance": acceptance}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         base = results[methods[0]]
         for method in methods:
             r = results[method]
-            print(f"pair {pair} {method:12s} time {r['time']:.3f} s  tpot {r['tpot'] * 1000:.2f} ms  "
-                  f"{r['throughput']:.0f} tok/s  steps {r['steps']}  acceptance {r['acceptance']:.2f}  "
-                  f"time/base {r['time'] / base['time']:.3f}  tpot/base {r['tpot'] / base['tpot']:.3f}", flush=True)
+            print(f"pair {pair} {method:12s} time {r['time']:.3f} s  cpu {r['cpu']:.3f} s  "
+                  f"tpot {r['tpot'] * 1000:.2f} ms  {r['throughput']:.0f} tok/s  steps {r['steps']}  "
+                  f"acceptance {r['acceptance']:.2f}  time/base {r['time'] / base['time']:.3f}  "
+                  f"cpu/base {r['cpu'] / base['cpu']:.3f}  tpot/base {r['tpot'] / base['tpot']:.3f}", flush=True)
     return 0
 
 
