@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rapid_llm.config import ModelConfig
+from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import log_exponential_noise, warp_logits
@@ -56,7 +57,12 @@ class DraftModelProposer(ModelProposer):
         lengths = step.query_lens.copy()
         lengths[step.draft_rows] = step.num_tokens - step.starts[step.draft_rows]
         tables = [self._table(step, row, drafting[row]) for row in range(step.slots.size)]
-        hidden = self._forward(step, step.slots, lengths, step.starts + lengths, tables)
+        width = max(len(table) for table in tables)
+        # One device table per step (padded with the padding block), sliced by row for each forward.
+        device_table = to_device([torch.tensor([table + [self.kv.padding_block] * (width - len(table))
+                                                for table in tables], dtype=torch.int64)], device)[0]
+        all_rows = np.arange(step.slots.size)
+        hidden = self._forward(step, all_rows, lengths, step.starts + lengths, tables, device_table)
         num_rows, k = step.draft_rows.size, int(step.max_drafts.max(initial=0))
         tokens = torch.full((num_rows, k), -1, dtype=torch.int64, device=device)
         if not num_rows:
@@ -73,10 +79,9 @@ class DraftModelProposer(ModelProposer):
             active = active[step.max_drafts[active] > position + 1]
             if not active.size:
                 break
-            rows = step.draft_rows[active]
             active_on_device = to_device([torch.from_numpy(active)], device)[0]
-            hidden = self._forward(step, step.slots[rows], np.ones(active.size, dtype=np.int64),
-                                   step.num_tokens[active] + position + 1, [tables[row] for row in rows.tolist()],
+            hidden = self._forward(step, step.draft_rows[active], np.ones(active.size, dtype=np.int64),
+                                   step.num_tokens[active] + position + 1, tables, device_table,
                                    input_ids=tokens[active_on_device, position])
             logits = self.model.compute_logits(hidden)
         return Drafts(tokens, probs, sampled)
@@ -88,14 +93,18 @@ class DraftModelProposer(ModelProposer):
             table += range(first, first + self.scratch_blocks_per_slot)
         return table
 
-    def _forward(self, step: ProposerStep, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
-                 tables: list[list[int]], input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        width = max(len(table) for table in tables)
-        padded = [table + [self.kv.padding_block] * (width - len(table)) for table in tables]
-        layout = StepLayout(query_lens.tolist(), seq_lens.tolist(), padded, self.target.block_size)
-        attention = self.target.backend.build_metadata(layout, self.target.device)
+    def _forward(self, step: ProposerStep, rows: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                 tables: list[list[int]], device_table: torch.Tensor,
+                 input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The draft's hidden states of chunk `rows` computing query_lens tokens each (ids from the token pool
+        unless given)."""
+        device = self.target.device
+        rows_on_device, slots_on_device = to_device([torch.from_numpy(rows), torch.from_numpy(step.slots[rows])],
+                                                    device)
+        layout = StepLayout(query_lens.tolist(), seq_lens.tolist(), [tables[row] for row in rows.tolist()],
+                            self.target.block_size, block_table=device_table[rows_on_device])
+        attention = self.target.backend.build_metadata(layout, device)
         if input_ids is None:
-            slots_on_device = to_device([torch.from_numpy(slots)], self.target.device)[0]
             input_ids = step.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
         return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
 
@@ -115,4 +124,5 @@ class DraftModelProposer(ModelProposer):
                                           device)
             choice = torch.where(batch.is_greedy, choice, (warped - noise).argmax(dim=-1))
             probs[active_on_device, position] = warped.softmax(dim=-1)
-        tokens[active_on_device, position] = choice
+        # Tensor-parallel ranks feed the next draft step the same tokens (rank 0's draw).
+        tokens[active_on_device, position] = tp_broadcast(choice)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rapid_llm.config import ModelConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.layers.attention import PagedAttentionLayer
 
@@ -39,7 +40,7 @@ class TargetContext:
     """What a model proposer may read of the target at construction."""
 
     model: nn.Module
-    model_config: object  # rapid_llm.config.ModelConfig
+    model_config: ModelConfig
     device: torch.device
     block_size: int
     backend: object  # the attention backend the target uses (its metadata builder serves the proposer too)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rapid_llm.config.speculative_config import SpeculativeConfig
+from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.sampler import log_exponential_noise, warp_logits
 from rapid_llm.layers.sampling_batch import SamplingBatch, to_int64
 from rapid_llm.sampling import SamplingParams
@@ -104,8 +105,9 @@ class Drafting:
                                                target.shape[1], device)
         accepted, tokens = rejection_sample(target_probs, drafts[picked_on_device], draft_probs, uniform,
                                             log_exponential)
-        num_accepted[picked_on_device] = accepted
-        token_ids[picked_on_device] = tokens
+        # Unseeded uniforms differ between tensor-parallel ranks: every rank takes rank 0's decision.
+        num_accepted[picked_on_device] = tp_broadcast(accepted)
+        token_ids[picked_on_device] = tp_broadcast(tokens)
 
     def _noise(self, slots: np.ndarray, first_outputs: np.ndarray, width: int, vocab_size: int,
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

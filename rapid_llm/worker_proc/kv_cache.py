@@ -15,7 +15,7 @@ reused. Block 0 is zeroed up front because block tables are padded with it. Once
 only ever hold finite K/V, which a mask handles.
 
 A worker-side proposer's layers (a draft model's) are allocated beside the target's with the same block ids
-and one block count computed over both; they alone get `extra_blocks` more (its per-slot scratch).
+and one block count computed over both; they alone get `extra_blocks` more (its per-slot scratch, zeroed once).
 
 A quantized cache (`--kv-cache-dtype fp8 | nvfp4`) is built for full attention only: MLA and DeepSeek-V4 layers
 refuse it here, at start-up, as does a backend that cannot read it. Checkpoint k_scale/v_scale are logged as
@@ -82,6 +82,14 @@ class KVCache:
         for layer, spec in zip(self.layers, self.specs):
             spec.zero_blocks(layer.kv_cache, index)
 
+    def clear_extra_blocks(self) -> None:
+        """Zero the blocks past num_blocks that a proposer's layers have (its scratch), once: unwritten tails are read
+        under a mask, which garbage NaN would still poison."""
+        for layer, spec in zip(self.layers, self.specs):
+            total = layer.kv_cache.shape[spec.block_dim]
+            if total > self.num_blocks:
+                spec.zero_blocks(layer.kv_cache, torch.arange(self.num_blocks, total, device=self.device))
+
     def copy_blocks(self, src_ids: list[int], dst_ids: list[int]) -> None:
         """Copy blocks src_ids[i] -> dst_ids[i] in every layer, scales and all (beam search's copy-on-write).
 
@@ -137,4 +145,5 @@ def allocate_kv_cache(
         layer.bind(spec.allocate(num_blocks + extra, block_size, device), backend)
     cache = KVCache(layers, specs, num_blocks, block_size, device, extra_bytes)
     cache.clear_blocks([0])
+    cache.clear_extra_blocks()
     return cache
