@@ -1,7 +1,8 @@
 """Data parallelism crossed with the other engine features (the mixed-layout cells of docs/parallelism.md):
 greedy tokens equal transformers' for dp2 with chunked prefill, lock-step scheduling and prefix caching under
 the cache_aware router (the shared-prefix prompts hit the cache of the replica they were routed to), and
-(slow) for tp2 x dp2: two replicas of two gloo ranks each."""
+(slow) for tp2 x dp2 with chunked prefill, async scheduling and prefix caching: two replicas of two gloo
+ranks each."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def test_dp2_chunked_lockstep_cache_aware(tiny_checkpoint) -> None:
 def test_tp2_dp2(tiny_checkpoint) -> None:
     checkpoint = tiny_checkpoint("LlamaForCausalLM")
     prompts = shared_prefix_prompts()
-    with LLM(str(checkpoint), num_kv_blocks=64, tensor_parallel_size=2, data_parallel_size=2) as llm:
+    # Async scheduling and prefix caching are on by default; a 16-token budget chunks every 51-54-token prompt.
+    with LLM(str(checkpoint), num_kv_blocks=64, tensor_parallel_size=2, data_parallel_size=2,
+             max_num_batched_tokens=16) as llm:
         tokens = generate_in_waves(llm, prompts)
         routed = [load.routed for load in llm._router.loads]
     assert tokens == hf_greedy(hf_model(checkpoint), prompts, NEW_TOKENS)
