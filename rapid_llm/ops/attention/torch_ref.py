@@ -3,7 +3,9 @@
 The batch is split into two groups — decodes (one query token) and prefills (several) — and
 each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
-inflating every decode row to its length. Gathering a sequence's keys through its block table
+inflating every decode row to its length. A group of fresh prompts (no cached context) without a sliding
+window passes `is_causal` instead of the bool mask, so the CPU flash kernel skips the blocks above the
+diagonal (a 1500-token prefill step of llama-10m: 1.4x). Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
 An fp8 or nvfp4 cache (`--kv-cache-dtype fp8 | nvfp4`) is quantized on write and its gathered history
 dequantized here.
@@ -35,6 +37,7 @@ class PaddedGroup:
     num_seqs: int
     max_query_len: int
     max_kv_len: int
+    fresh: bool = False  # no sequence has cached context: queries and keys share positions 0..max_q-1
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
@@ -47,6 +50,16 @@ class PaddedGroup:
                 allowed &= query_positions - key_positions < sliding_window
             self.masks[sliding_window] = allowed.unsqueeze(1)
         return self.masks[sliding_window]
+
+    def causal_only(self, sliding_window: int | None) -> bool:
+        """Whether `is_causal=True` gives the mask's result for every real query row.
+
+        Holds for a fresh group without a window: a real row's allowed keys are its own sequence's positions
+        up to itself, and padding rows (query or key) sit after every real position, so only padding rows
+        see padding keys. The CPU flash kernel then skips the blocks above the diagonal instead of computing
+        the whole rectangle and converting a bool mask in every call.
+        """
+        return self.fresh and sliding_window is None
 
     def pad_queries(self, query: torch.Tensor) -> torch.Tensor:
         """The group's rows of the flat query [T, heads, D] as [Bg, heads, max_q, D]."""
@@ -98,6 +111,7 @@ def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_s
         num_seqs=len(seq_ids),
         max_query_len=max_query_len,
         max_kv_len=max_kv_len,
+        fresh=bool((context_lens[seq_ids] == 0).all()),
     )
 
 
@@ -119,11 +133,13 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
         # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
         compute = compute_dtype(history.device, history.dtype)
         keys, values = history[0].to(compute), history[1].to(compute)
+    causal = group.causal_only(sliding_window)
     attended = F.scaled_dot_product_attention(
         group.pad_queries(query).to(compute),
         keys,
         values,
-        attn_mask=group.mask(sliding_window),
+        attn_mask=None if causal else group.mask(sliding_window),
+        is_causal=causal,
         scale=scale,
         enable_gqa=query.shape[1] != kv_cache.shape[3],
     )
