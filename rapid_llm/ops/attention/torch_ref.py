@@ -5,7 +5,8 @@ each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
 inflating every decode row to its length. A group of fresh prompts (no cached context) without a sliding
 window passes `is_causal` instead of the bool mask, so the CPU flash kernel skips the blocks above the
-diagonal (a 1500-token prefill step of llama-10m: 1.4x). Gathering a sequence's keys through its block table
+diagonal (a 1500-token prefill step of llama-10m: 1.4x); on the CPU, long chunks after cached context
+are split at the context boundary instead (`context_split.py`). Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
 An fp8 or nvfp4 cache (`--kv-cache-dtype fp8 | nvfp4`) is quantized on write and its gathered history
 dequantized here.
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from rapid_llm import ops
 from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.attention.context_split import attend_split_at_context, splits_at_context
 from rapid_llm.ops.attention.kv_quant import (
     KVScales, dequantize_kv, dequantize_kv_nvfp4, is_fp8_kv, is_nvfp4_kv, write_kv_cache_fp8, write_kv_cache_nvfp4,
 )
@@ -34,6 +36,8 @@ class PaddedGroup:
     padded_index: torch.Tensor  # [Tg] row of each token in the [Bg * max_q] padded layout
     query_positions: torch.Tensor  # [Bg, max_q] absolute position of every padded query row
     block_tables: torch.Tensor  # [Bg, blocks covering max_kv]
+    context_lens: torch.Tensor  # [Bg] cached tokens of each sequence
+    query_lens: torch.Tensor  # [Bg] new tokens of each sequence
     num_seqs: int
     max_query_len: int
     max_kv_len: int
@@ -108,6 +112,8 @@ def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_s
         padded_index=padded_index,
         query_positions=query_positions,
         block_tables=common.block_tables[seq_ids, :num_blocks],
+        context_lens=context_lens[seq_ids],
+        query_lens=group_query_lens,
         num_seqs=len(seq_ids),
         max_query_len=max_query_len,
         max_kv_len=max_kv_len,
@@ -133,16 +139,21 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
         # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
         compute = compute_dtype(history.device, history.dtype)
         keys, values = history[0].to(compute), history[1].to(compute)
+    queries = group.pad_queries(query).to(compute)
     causal = group.causal_only(sliding_window)
-    attended = F.scaled_dot_product_attention(
-        group.pad_queries(query).to(compute),
-        keys,
-        values,
-        attn_mask=None if causal else group.mask(sliding_window),
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=query.shape[1] != kv_cache.shape[3],
-    )
+    if not causal and splits_at_context(queries.device, group.max_query_len, sliding_window):
+        lens = list(zip(group.context_lens.tolist(), group.query_lens.tolist()))
+        attended = attend_split_at_context(queries, keys, values, lens, scale)
+    else:
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=None if causal else group.mask(sliding_window),
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=query.shape[1] != kv_cache.shape[3],
+        )
     group.write_output(output, attended)
 
 
