@@ -1,8 +1,9 @@
 """The padded prefill group's fast paths equal its explicit-mask path and naive attention.
 
 `is_causal` for fresh prompts without a window; on the CPU, chunks after cached context split at the
-context boundary (`context_split.py`); everything else keeps the mask. The cache is filled with random values everywhere, block-table padding included, so a padding key that leaked
-into a real query row would change the result.
+context boundary (`context_split.py`); everything else keeps the mask. The cache is filled with random
+values everywhere, block-table padding included, so a padding key that leaked into a real query row
+would change the result.
 """
 
 from __future__ import annotations

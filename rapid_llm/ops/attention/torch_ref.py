@@ -5,7 +5,7 @@ each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
 inflating every decode row to its length. A group of fresh prompts (no cached context) without a sliding
 window passes `is_causal` instead of the bool mask, so the CPU flash kernel skips the blocks above the
-diagonal (a 1500-token prefill step of llama-10m: 1.4x); on the CPU, long chunks after cached context
+diagonal (a 1500-token prefill step of llama-10m: 1.4-1.75x); on the CPU, long chunks after cached context
 are split at the context boundary instead (`context_split.py`). Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
 An fp8 or nvfp4 cache (`--kv-cache-dtype fp8 | nvfp4`) is quantized on write and its gathered history
