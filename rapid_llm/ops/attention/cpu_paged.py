@@ -4,8 +4,8 @@ The kernel (`ops/cpp/csrc/paged_attention.cpp`) walks each sequence's block tabl
 and padding its history as torch_ref does, computes an fp32 online softmax per (token, kv head), and
 splits long key ranges when there are too few items for the threads (merged by log-sum-exp). It takes
 the sequences with at most `MAX_KERNEL_QUERY_LEN` new tokens (decodes, short extends); longer prefill
-chunks go to torch_ref's padded `scaled_dot_product_attention` (GEMM-based: 3-7x faster there, measured
-at 128-512 tokens). Metadata is the common one plus both partitions, built once per step from host
+chunks go to torch_ref's `attend_padded_group` (CPU flash attention, GEMM-based: 3-7x faster there,
+measured at 128-512 tokens). Metadata is the common one plus both partitions, built once per step from host
 lists. The extension is compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible
 the registry skips this backend with the reason (`skip_reason`, the catalog's `available` condition).
 It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the

@@ -3,7 +3,10 @@
 The batch is split into two groups — decodes (one query token) and prefills (several) — and
 each group is padded to a dense [seqs, heads, queries, keys] problem for
 `scaled_dot_product_attention`. Padding the groups separately keeps a long prefill from
-inflating every decode row to its length. Gathering a sequence's keys through its block table
+inflating every decode row to its length. A group of fresh prompts (no cached context) without a sliding
+window passes `is_causal` instead of the bool mask, so the CPU flash kernel skips the blocks above the
+diagonal (a 1500-token prefill step of llama-10m: 1.4-1.75x); on the CPU, long chunks after cached context
+are split at the context boundary instead (`context_split.py`). Gathering a sequence's keys through its block table
 row is one indexing op, so there is no Python loop over tokens or sequences in the forward.
 An fp8 or nvfp4 cache (`--kv-cache-dtype fp8 | nvfp4`) is quantized on write and its gathered history
 dequantized here.
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 from rapid_llm import ops
 from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.attention.context_split import attend_split_at_context, splits_at_context
 from rapid_llm.ops.attention.kv_quant import (
     KVScales, dequantize_kv, dequantize_kv_nvfp4, is_fp8_kv, is_nvfp4_kv, write_kv_cache_fp8, write_kv_cache_nvfp4,
 )
@@ -32,9 +36,12 @@ class PaddedGroup:
     padded_index: torch.Tensor  # [Tg] row of each token in the [Bg * max_q] padded layout
     query_positions: torch.Tensor  # [Bg, max_q] absolute position of every padded query row
     block_tables: torch.Tensor  # [Bg, blocks covering max_kv]
+    context_lens: torch.Tensor  # [Bg] cached tokens of each sequence
+    query_lens: torch.Tensor  # [Bg] new tokens of each sequence
     num_seqs: int
     max_query_len: int
     max_kv_len: int
+    fresh: bool = False  # no sequence has cached context: queries and keys share positions 0..max_q-1
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
@@ -47,6 +54,16 @@ class PaddedGroup:
                 allowed &= query_positions - key_positions < sliding_window
             self.masks[sliding_window] = allowed.unsqueeze(1)
         return self.masks[sliding_window]
+
+    def causal_only(self, sliding_window: int | None) -> bool:
+        """Whether `is_causal=True` gives the mask's result for every real query row.
+
+        Holds for a fresh group without a window: a real row's allowed keys are its own sequence's positions
+        up to itself, and padding rows (query or key) sit after every real position, so only padding rows
+        see padding keys. The CPU flash kernel then skips the blocks above the diagonal instead of computing
+        the whole rectangle and converting a bool mask in every call.
+        """
+        return self.fresh and sliding_window is None
 
     def pad_queries(self, query: torch.Tensor) -> torch.Tensor:
         """The group's rows of the flat query [T, heads, D] as [Bg, heads, max_q, D]."""
@@ -95,9 +112,12 @@ def build_padded_group(common: AttentionMetadata, seq_ids: torch.Tensor, block_s
         padded_index=padded_index,
         query_positions=query_positions,
         block_tables=common.block_tables[seq_ids, :num_blocks],
+        context_lens=context_lens[seq_ids],
+        query_lens=group_query_lens,
         num_seqs=len(seq_ids),
         max_query_len=max_query_len,
         max_kv_len=max_kv_len,
+        fresh=bool((context_lens[seq_ids] == 0).all()),
     )
 
 
@@ -119,14 +139,21 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
         # fp32 where the CPU has no half kernels (3x faster there); otherwise the cache dtype.
         compute = compute_dtype(history.device, history.dtype)
         keys, values = history[0].to(compute), history[1].to(compute)
-    attended = F.scaled_dot_product_attention(
-        group.pad_queries(query).to(compute),
-        keys,
-        values,
-        attn_mask=group.mask(sliding_window),
-        scale=scale,
-        enable_gqa=query.shape[1] != kv_cache.shape[3],
-    )
+    queries = group.pad_queries(query).to(compute)
+    causal = group.causal_only(sliding_window)
+    if not causal and splits_at_context(queries.device, group.max_query_len, sliding_window):
+        lens = list(zip(group.context_lens.tolist(), group.query_lens.tolist()))
+        attended = attend_split_at_context(queries, keys, values, lens, scale)
+    else:
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=None if causal else group.mask(sliding_window),
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=query.shape[1] != kv_cache.shape[3],
+        )
     group.write_output(output, attended)
 
 
