@@ -82,6 +82,9 @@ class ScheduledChunk(_Part):
     new_block_ids: list[int] = []
     cached_block_ids: list[int] = []
     draft_token_ids: list[int] = []
+    # A worker-side proposer drafts for this request after the step only when set: False while the request does
+    # not speculate (adaptive off paused it, or its parameters block drafts), so no draft forward is wasted.
+    draft_after: bool = True
 
 
 class BlockCopy(_Part):

@@ -242,7 +242,7 @@ class Scheduler:
         new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
-                                           cached_block_ids or [], drafts or []))
+                                           cached_block_ids or [], drafts or [], request.speculates))
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new

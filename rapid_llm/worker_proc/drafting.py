@@ -1,8 +1,9 @@
 """The runner's side of a worker-side proposer (`spec_decode/model_proposer.py`): who drafts, and verifying with q.
 
 After every target step `propose` hands the proposer the step (it catches up on the step's tokens even when
-nobody samples) and the sampling rows that draft: their request may speculate (`speculation_blocker`) and has
-room for a draft under max_tokens and max_model_len. The drafts go back in the step's result; the draft
+nobody samples) and the sampling rows that draft: their request may speculate (`speculation_blocker`), the plan
+did not pause it (`ScheduledChunk.draft_after`: adaptive off), and it has room for a draft under max_tokens and
+max_model_len. The drafts go back in the step's result; the draft
 distributions q of sampled rows stay here, per slot, keyed by the position of the first draft. When the next
 step verifies that slot's drafts at that position, `verify` replaces the one-hot decision with the exact rule
 (`rejection_sample`: accept with min(1, p/q), resample the residual, bonus from p) for those rows. Its uniforms
@@ -36,11 +37,13 @@ class Drafting:
         self.proposer, self.config, self.batch, self.tap = proposer, config, batch, tap
         rows = batch.max_num_seqs + 1
         self.eligible = np.zeros(rows, dtype=bool)
+        self.wanted = np.ones(rows, dtype=bool)  # per step from the plan (`ScheduledChunk.draft_after`)
         self.max_tokens = np.zeros(rows, dtype=np.int64)
         self.draft_probs: dict[int, tuple[int, torch.Tensor]] = {}  # slot -> (first draft position, q [n, V])
 
     def add(self, slot: int, params: SamplingParams) -> None:
         self.eligible[slot] = speculation_blocker(params) is None
+        self.wanted[slot] = True
         self.max_tokens[slot] = self.batch.max_model_len if params.max_tokens is None else params.max_tokens
         self.draft_probs.pop(slot, None)
 
@@ -57,7 +60,7 @@ class Drafting:
         outputs = new_lengths - batch.num_prompt_tokens[sample_slots]
         max_drafts = np.minimum(self.config.num_speculative_tokens,
                                 np.minimum(batch.max_model_len - new_lengths, self.max_tokens[sample_slots] - outputs) - 1)
-        drafting = np.flatnonzero(self.eligible[sample_slots] & (max_drafts > 0))
+        drafting = np.flatnonzero(self.eligible[sample_slots] & self.wanted[sample_slots] & (max_drafts > 0))
         step = ProposerStep(slots, starts, query_lens, [batch.host_block_tables[slot] for slot in slots.tolist()],
                             self.tap.take(hidden_states), samples[drafting], new_lengths[drafting], outputs[drafting],
                             max_drafts[drafting], batch.token_pool, batch.sampling)

@@ -275,6 +275,11 @@ class ModelRunner:
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts)
 
+    def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
+        """Which of the step's slots a worker-side proposer drafts for after it (no-op without one)."""
+        if self.drafting is not None:
+            self.drafting.wanted[slots] = wanted
+
     def _draft(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray, hidden_states: torch.Tensor,
                samples: np.ndarray, new_lengths: np.ndarray) -> torch.Tensor | None:
         """The worker-side proposer's drafts [sampling rows, k] after this step (None without one)."""

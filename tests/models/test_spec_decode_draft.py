@@ -137,6 +137,31 @@ def test_rows_that_cannot_speculate_keep_their_tokens_beside_drafting_rows(pairs
     assert stats.spec_decode_num_accepted_tokens > 0
 
 
+def test_requests_paused_by_adaptive_off_are_not_drafted_for(tiny_checkpoint) -> None:
+    """A paused request's chunks say `draft_after=False`, so the worker runs no draft forward for it: each request
+    is drafted for after its prefill and after the verification that pauses it, never again (no probe within
+    MAX_TOKENS), while its greedy tokens stay those without speculation."""
+    target = str(tiny_checkpoint("LlamaForCausalLM"))
+    draft = str(tiny_checkpoint("LlamaForCausalLM", num_hidden_layers=1, hidden_size=32))
+    speculative = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=3,
+                                    acceptance_threshold=1.0, acceptance_window=1, probe_after_tokens=4 * MAX_TOKENS)
+    prompts = [[5, 9, 17, 33] * 4, list(range(60, 80)), [40, 41, 42]]
+    reference = _serve(_runner(target, None), prompts, GREEDY, None, "lockstep")[0]
+    runner = _runner(target, speculative)
+    drafted_rows: list[int] = []
+    propose = runner.drafting.proposer.propose
+
+    def counting_propose(step):
+        drafted_rows.append(len(step.draft_rows))
+        return propose(step)
+
+    runner.drafting.proposer.propose = counting_propose
+    tokens, stats, _ = _serve(runner, prompts, GREEDY, speculative, "lockstep")
+    assert tokens == reference
+    assert stats.spec_decode_num_disables == len(prompts)
+    assert 0 < sum(drafted_rows) <= 2 * len(prompts) < len(drafted_rows)
+
+
 def test_draft_model_configuration_errors(tiny_checkpoint) -> None:
     with pytest.raises(ValueError, match='needs "model"'):
         SpeculativeConfig.parse('{"method": "draft_model", "num_speculative_tokens": 2}')
