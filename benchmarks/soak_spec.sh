@@ -13,6 +13,8 @@
 #        SPEC_EXTRA (JSON fields merged into the speculative config), SERVER_ARGS (extra launch flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/common/spec_server.sh
+source benchmarks/common/spec_server.sh
 DURATION="$1"
 OUT="${2:-benchmark-results/soak-spec-$(date +%Y%m%d-%H%M%S)}"
 METHOD="${METHOD:-ngram}" MODEL="${MODEL:-demo-target}" K="${K:-3}" CONCURRENCY="${CONCURRENCY:-32}" PROMPTS="${PROMPTS:-64}"
@@ -24,24 +26,12 @@ python3 benchmarks/spec_decode_workloads.py open "$OUT/workload-B.jsonl"
 
 spec=""
 [ "$METHOD" != off ] && spec="{\"method\": \"$METHOD\", \"num_speculative_tokens\": $K${SPEC_EXTRA:+, $SPEC_EXTRA}}"
-# shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
-python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level warning \
-    ${spec:+--speculative-config "$spec"} ${SERVER_ARGS:-} > "$OUT/server.log" 2>&1 &
-server=$!
+server=""
 trap 'kill -TERM "$server" 2>/dev/null; wait "$server" || true' EXIT
-until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do
-    kill -0 "$server" 2>/dev/null || { echo "the server exited before becoming healthy:" >&2; tail -5 "$OUT/server.log" >&2; exit 1; }
-    sleep 0.5
-done
+start_spec_server "$OUT/server.log" "$spec"
 
 run() {  # run WORKLOAD ROUND
-    local temperature=0
-    [ "$1" = B ] && temperature=1.0
-    python3 benchmarks/bench_serving.py --base-url "http://127.0.0.1:$PORT" --dataset-name custom \
-        --dataset-path "$OUT/workload-$1.jsonl" --skip-chat-template --custom-output-len "$OUTPUT_LEN" \
-        --num-prompts "$PROMPTS" --max-concurrency "$CONCURRENCY" --ignore-eos --temperature "$temperature" \
-        --extra-body '{"seed": 0}' --seed 0 --disable-tqdm --resource-interval 2 --label "$1-$2" \
-        --save-result --save-detailed --result-dir "$OUT" --result-filename "$1-$2.json" > "$OUT/$1-$2.log"
+    bench_spec_workload "$1" "$1-$2" --resource-interval 2 --save-detailed
 }
 
 end=$((SECONDS + DURATION))

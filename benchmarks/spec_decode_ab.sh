@@ -18,6 +18,8 @@
 #        every speculative config, e.g. '"acceptance_threshold": 0'), SERVER_ARGS (extra launch flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/common/spec_server.sh
+source benchmarks/common/spec_server.sh
 OUT="${1:-benchmark-results/spec-decode-$(date +%Y%m%d-%H%M%S)}"
 METHODS="${METHODS:-off ngram}" MODEL="${MODEL:-demo-target}" DRAFT="${DRAFT:-demo-draft}" K="${K:-3}"
 PAIRS="${PAIRS:-3}" PROMPTS="${PROMPTS:-80}" CONCURRENCY="${CONCURRENCY:-8}" OUTPUT_LEN="${OUTPUT_LEN:-128}"
@@ -43,28 +45,11 @@ stop_server() {
 }
 trap stop_server EXIT
 start_server() {  # start_server METHOD
-    local spec
-    spec="$(spec_config "$1")"
-    # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
-    python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level warning \
-        ${spec:+--speculative-config "$spec"} ${SERVER_ARGS:-} > "$OUT/server-$1.log" 2>&1 &
-    server=$!
-    until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do
-        kill -0 "$server" 2>/dev/null || { echo "the $1 server exited before becoming healthy:" >&2;
-                                           tail -5 "$OUT/server-$1.log" >&2; exit 1; }
-        sleep 0.5
-    done
+    start_spec_server "$OUT/server-$1.log" "$(spec_config "$1")"
 }
 
 run() {  # run WORKLOAD LABEL
-    local temperature=0
-    [ "$1" = B ] && temperature=1.0
-    python3 benchmarks/bench_serving.py --base-url "http://127.0.0.1:$PORT" --dataset-name custom \
-        --dataset-path "$OUT/workload-$1.jsonl" --skip-chat-template --custom-output-len "$OUTPUT_LEN" \
-        --num-prompts "$PROMPTS" --max-concurrency "$CONCURRENCY" --ignore-eos --temperature "$temperature" \
-        --extra-body '{"seed": 0}' --seed 0 --num-warmups 4 --disable-tqdm --label "$2" \
-        --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-        --save-result --result-dir "$OUT" --result-filename "$2.json" > "$OUT/$2.log"
+    bench_spec_workload "$1" "$2" --num-warmups 4 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99
 }
 
 for i in $(seq 1 "$PAIRS"); do
