@@ -3,9 +3,11 @@ afterwards), a mock draft checkpoint, and serving through the in-process engine 
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -21,10 +23,13 @@ HERE = Path(__file__).resolve().parent
 PROMPTS = [[5, 9, 17, 33, 5, 9, 17, 33, 5, 9], [40, 41, 42, 43, 44, 40, 41], [7, 7, 7, 7, 7, 7]]
 
 
-def use_library(monkeypatch: pytest.MonkeyPatch, root: str, package: str) -> None:
+def use_library(monkeypatch: pytest.MonkeyPatch, root: str, package: str, module: str | None = None) -> ModuleType:
+    """Put the stand-in library under HERE/root first on the path and return its `module` (default: the package),
+    imported by name: the stand-ins are not dependencies, so no test names them in an import statement."""
     for name in [name for name in sys.modules if name == package or name.startswith(package + ".")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(HERE / root))
+    return importlib.import_module(module or package)
 
 
 def forget_library(package: str) -> None:

@@ -26,9 +26,7 @@ FIELDS = {"architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_hidden_
 
 @pytest.fixture
 def mock_dflash(monkeypatch: pytest.MonkeyPatch):
-    use_library(monkeypatch, "mock_dflash", "dflash")
-    import dflash
-
+    dflash = use_library(monkeypatch, "mock_dflash", "dflash")
     dflash.CALLS.clear()
     return dflash
 
@@ -46,9 +44,7 @@ def test_without_the_library_or_with_another_version_it_refuses(tiny_checkpoint,
     with pytest.raises(RuntimeError, match=r"needs the 'dflash' library \(pip install 'dflash\[local\]==0.1.0'\)"):
         runner(target, _config(draft))
     monkeypatch.delitem(sys.modules, "dflash")
-    use_library(monkeypatch, "mock_dflash", "dflash")
-    import dflash
-
+    dflash = use_library(monkeypatch, "mock_dflash", "dflash")
     monkeypatch.setattr(dflash, "__version__", "0.2.0")
     with pytest.raises(RuntimeError, match="supports dflash 0.1.0; 0.2.0 is installed"):
         runner(target, _config(draft))

@@ -21,9 +21,7 @@ FIELDS = {"architectures": ["Qwen3DSparkModel"], "hidden_size": 64, "vocab_size"
 
 @pytest.fixture
 def mock_deepspec(monkeypatch: pytest.MonkeyPatch):
-    use_library(monkeypatch, "mock_deepspec", "deepspec")
-    from deepspec.eval.dspark import draft_ops
-
+    draft_ops = use_library(monkeypatch, "mock_deepspec", "deepspec", "deepspec.eval.dspark.draft_ops")
     draft_ops.CALLS.clear()
     return draft_ops
 
@@ -38,15 +36,13 @@ def test_refusals_say_why(tiny_checkpoint, tmp_path, monkeypatch: pytest.MonkeyP
     with pytest.raises(RuntimeError, match="method 'dspark' needs the 'deepspec' library"):
         runner(target, _config(checkpoint(tmp_path / "a", FIELDS)))
     monkeypatch.delitem(sys.modules, "deepspec")
-    use_library(monkeypatch, "mock_deepspec", "deepspec")
+    deepspec = use_library(monkeypatch, "mock_deepspec", "deepspec")
     cases = [({"architectures": ["LlamaForCausalLM"]}, ValueError, "is not a DSpark checkpoint"),
              ({"target_layer_ids": [-1, 0]}, ValueError, r"embedding output \(-1\) and the final layer \(1\)"),
              ({"target_layer_ids": [1]}, ValueError, "are not exported to proposers")]
     for index, (change, error, message) in enumerate(cases):
         with pytest.raises(error, match=message):
             runner(target, _config(checkpoint(tmp_path / f"c{index}", {**FIELDS, **change})))
-    import deepspec
-
     monkeypatch.setattr(deepspec, "__version__", "0.2.0")
     with pytest.raises(RuntimeError, match="supports deepspec 0.1.0; 0.2.0 is installed"):
         runner(target, _config(checkpoint(tmp_path / "v", FIELDS)))
