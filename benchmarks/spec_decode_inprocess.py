@@ -16,6 +16,7 @@ TPOT ratios against the first method.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -53,10 +54,11 @@ def code_prompts(count: int, prompt_chars: int) -> list[str]:
     return prompts
 
 
-def speculative_config(method: str, k: int, draft: str) -> SpeculativeConfig | None:
+def speculative_config(method: str, k: int, draft: str, extra: dict[str, object]) -> SpeculativeConfig | None:
     if method == "off":
         return None
-    return SpeculativeConfig(method=method, num_speculative_tokens=k, **({"model": draft} if method != "ngram" else {}))
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, **({"model": draft} if method != "ngram" else {}),
+                             **extra)
 
 
 def run(runner: ModelRunner, spec: SpeculativeConfig | None, prompts: list[list[int]], output_len: int,
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=3, help="Measured rounds.")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--spec-extra", default="{}", help='JSON fields for every speculative config, e.g. '
+                        '\'{"acceptance_threshold": 0}\'.')
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
     if len(methods) < 2 or args.pairs < 1 or args.output_len < 2:
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer.encode(text) for text in code_prompts(args.prompts, args.prompt_chars)]
     config = ModelConfig.from_pretrained(model_dir, max_model_len=max(map(len, prompts)) + args.output_len + 64)
-    specs = {method: speculative_config(method, args.k, args.draft) for method in methods}
+    specs = {method: speculative_config(method, args.k, args.draft, json.loads(args.spec_extra)) for method in methods}
     blocks = len(prompts) * (-(-config.max_model_len // BLOCK_SIZE)) + 8
     runners = {method: ModelRunner(config, CacheConfig(block_size=BLOCK_SIZE, num_blocks=blocks),
                                    DeviceConfig("cpu"), max_num_seqs=len(prompts), speculative=spec)

@@ -23,6 +23,7 @@ _SUFFIXES = {  # metric name suffix -> key
     ":spec_decode_num_draft_tokens_total": "num_draft_tokens",
     ":spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
     ":spec_decode_num_disables_total": "num_disables",
+    ":spec_decode_num_gate_closes_total": "num_gate_closes",
 }
 _PER_POSITION = ":spec_decode_num_accepted_tokens_per_pos_total"
 _POSITION = re.compile(r'position="(\d+)"')
@@ -96,5 +97,6 @@ def format_spec_decode(summary: dict[str, Any] | None) -> str:
               table_row("Mean acceptance length:", summary["mean_acceptance_length"], ".2f"),
               table_row("Per-position acceptance (%):",
                         " ".join(f"{100 * value:.1f}" for value in summary["per_position_acceptance_rate"])),
-              table_row("Adaptive-off pauses:", summary["num_disables"])]
+              table_row("Adaptive-off pauses:", summary["num_disables"]),
+              table_row("Speed-gate closes:", summary["num_gate_closes"])]
     return "\n".join(lines)

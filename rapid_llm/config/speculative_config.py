@@ -35,6 +35,9 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     acceptance_threshold: float = 0.1
     acceptance_window: int = 8
     probe_after_tokens: int = 64
+    # The speed gate (spec_decode/speed_gate.py): speculation on vs off compared over windows of this many
+    # decode-only steps; the faster is kept. 0 turns the gate off.
+    speed_check_window: int = 32
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence_threshold <= 1.0:
@@ -45,6 +48,8 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             raise ValueError(f"acceptance_window must be at least 1, got {self.acceptance_window}")
         if self.probe_after_tokens < 1:
             raise ValueError(f"probe_after_tokens must be at least 1, got {self.probe_after_tokens}")
+        if self.speed_check_window < 0:
+            raise ValueError(f"speed_check_window must be 0 (off) or more, got {self.speed_check_window}")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
         if self.prompt_lookup_min < 1:

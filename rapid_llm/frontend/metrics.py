@@ -67,6 +67,8 @@ class _SchedulerCounters(Collector):
             ("collective_calls", "Tensor-parallel collectives rank 0 ran.", self.stats.collective_calls),
             ("spec_decode_num_disables", "Times a request stopped drafting: acceptance below the threshold.",
              self.stats.spec_decode_num_disables),
+            ("spec_decode_num_gate_closes", "Times the speed gate turned speculation off: it measured no gain.",
+             self.stats.spec_decode_num_gate_closes),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)

@@ -277,6 +277,7 @@ class SchedulerStats(_Message):
     collective_seconds: float = 0.0  # the latest StepResult's totals
     collective_calls: int = 0
     spec_decode_num_disables: int = 0  # requests paused by adaptive off (low acceptance)
+    spec_decode_num_gate_closes: int = 0  # times the speed gate turned speculation off for the batch
 
 
 class FlushCacheResult(_Message):

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 class _StepRecord:
     step_id: int
     samplers: dict[int, tuple[RequestState, int]]  # slot -> (request, its epoch) when planned
+    decode_only: bool  # every chunk decodes (1 + its drafts tokens, then samples): the speed gate measures it
 
 
 @dataclass
@@ -146,7 +147,10 @@ class Scheduler:
         )
         self._released_slots = []
         self._rollbacks = {}
-        self._inflight.append(_StepRecord(self._next_step_id, draft.samplers))
+        decode_only = not draft.new_requests and all(
+            chunk.num_new_tokens == 1 + len(chunk.draft_token_ids) and chunk.slot in draft.samplers
+            for chunk in draft.chunks)
+        self._inflight.append(_StepRecord(self._next_step_id, draft.samplers, decode_only))
         self._next_step_id += 1
         return plan
 
@@ -167,7 +171,8 @@ class Scheduler:
                 num_new, num_blocks = len(group.beams), group.num_blocks_needed(self.config.block_size)
             else:
                 # The next step of a speculating request depends on how many of its drafts are accepted.
-                num_new = 0 if request.speculates and request.num_placeholders else (
+                waits = request.num_placeholders and (request.draft_token_ids or self._drafts_after(request))
+                num_new = 0 if waits else (
                     1 + len(drafts) if drafts else self._num_new_tokens(request, request.num_computed_tokens,
                                                                          draft.budget))
                 if num_new == 0:
@@ -242,7 +247,7 @@ class Scheduler:
         new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
-                                           cached_block_ids or [], drafts or [], request.speculates))
+                                           cached_block_ids or [], drafts or [], self._drafts_after(request)))
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new
@@ -253,6 +258,10 @@ class Scheduler:
             draft.samplers[request.slot] = (request, request.epoch)
             if request.beam is not None:
                 request.beam.in_flight = True
+
+    def _drafts_after(self, request: RequestState) -> bool:
+        """Whether the request drafts after its next step (it speculates and the speed gate is open)."""
+        return request.speculates and self._speculation.gate.open
 
     def _add_beam_step(self, draft: _PlanDraft, request: RequestState, group: BeamGroup) -> None:
         step = group.plan_step(request.request_id, request.prompt_token_ids, self._blocks, self.config.block_size)
@@ -328,6 +337,9 @@ class Scheduler:
                 self._speculation.received(request, result.draft_token_ids[index])
         for request, by_slot in beam_rounds.items():
             self._advance_beams(request, by_slot)
+        if self._speculation is not None:
+            self._speculation.gate.step_done(record.decode_only, len(result.slots),
+                                             len(result.slots) + sum(result.num_accepted))
 
     def _add_tokens(self, request: RequestState, token_ids: list[int], logprobs: TokenLogprobs | None) -> None:
         """Append sampled tokens (several after verified drafts) until one finishes the request."""
@@ -462,6 +474,7 @@ class Scheduler:
             spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
             spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
             spec_decode_num_disables=self._speculation.adaptive.num_disables if counters else 0,
+            spec_decode_num_gate_closes=self._speculation.gate.num_closes if counters else 0,
         )
 
     @property

@@ -10,7 +10,8 @@ in the prefix cache: blocks are registered from known tokens only). The worker i
 a `Rollback` in the next plan. Async scheduling: the next plan cannot know a, so a speculating request
 is never planned while one of its steps is in flight (other requests keep overlapping). A worker-side
 proposer (draft model) drafts after each step instead: the result's drafts are `received` here and become
-the request's next chunk, under the same limits.
+the request's next chunk, under the same limits. Two adaptive-off rules: per request by acceptance
+(`spec_decode/adaptive.py`) and for the whole batch by measured speed (`spec_decode/speed_gate.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import RequestState
 from rapid_llm.spec_decode.adaptive import AdaptiveOff
 from rapid_llm.spec_decode.registry import build_proposer, runs_in_worker
+from rapid_llm.spec_decode.speed_gate import SpeedGate
 
 
 def speculation_blocker(params: SamplingParams) -> str | None:
@@ -64,12 +66,17 @@ class Speculation:
         self.proposer = None if self.in_worker else build_proposer(config)
         self.counters = SpeculationCounters()
         self.adaptive = AdaptiveOff(config)
+        self.gate = SpeedGate(config.speed_check_window)
         # A worker proposer's drafts per request, with the token count they follow.
         self._received: dict[RequestState, tuple[int, list[int]]] = {}
 
     def propose(self, running: Sequence[RequestState]) -> dict[RequestState, list[int]]:
         """Drafts for every running request that may speculate now: it decodes (all its tokens known, all but
-        the last computed), with room for at least one draft under max_tokens and max_model_len."""
+        the last computed), with room for at least one draft under max_tokens and max_model_len; none while the
+        speed gate is closed."""
+        if not self.gate.open:
+            self._received.clear()
+            return {}
         ready, limits = [], []
         for request in running:
             if not self.adaptive.may_draft(request) or not request.speculates or request.num_placeholders:

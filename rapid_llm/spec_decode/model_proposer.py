@@ -14,7 +14,9 @@ Contract (draft model now; MTP/EAGLE/DFlash/DSpark adapters implement the same c
 * `propose(step)` runs after the target's step (its sample already in the token pool): it must compute its own
   KV for every token the target computed this step (rows that do not draft included, so every block's proposer
   KV stays valid for prefix-cache hits and preemption), then draft up to `step.max_drafts[i]` tokens after
-  each drafting row's new last token. It returns `Drafts` ([D, k] ids, -1 past a row's drafts, and the draft
+  each drafting row's new last token. A proposer that reads token ids only may set `catch_up_from_tokens`: it
+  is then not called in steps where no row drafts, and a chunk's `starts` may reach back to positions it
+  skipped (its `hidden_states` is empty then). It returns `Drafts` ([D, k] ids, -1 past a row's drafts, and the draft
   distributions q for the rows that sample); the runner keeps q per slot for the next step's verification.
 """
 
@@ -83,6 +85,7 @@ class Drafts:
 class ModelProposer(ABC):
     hidden_state_layers: tuple[int, ...] = ()
     scratch_blocks_per_slot: int = 0
+    catch_up_from_tokens = False  # its catch-up needs token ids only (see the module docstring)
 
     def __init__(self, config: SpeculativeConfig, target: TargetContext) -> None:
         self.config = config

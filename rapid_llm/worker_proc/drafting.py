@@ -8,7 +8,10 @@ distributions q of sampled rows stay here, per slot, keyed by the position of th
 step verifies that slot's drafts at that position, `verify` replaces the one-hot decision with the exact rule
 (`rejection_sample`: accept with min(1, p/q), resample the residual, bonus from p) for those rows. Its uniforms
 and its one draw per row are hashed from a seeded row's seed (two salts, independent of the target's own
-noise and of the draft's), so seeded output stays reproducible. Greedy rows keep argmax matching.
+noise and of the draft's), so seeded output stays reproducible. Greedy rows keep argmax matching. A proposer
+whose catch-up reads token ids only (`catch_up_from_tokens`: the draft model) is not called in a step where no
+row drafts (adaptive off paused them all); per slot, the position up to which its KV is valid is kept, and its
+next catch-up starts there, so the skipped positions are computed then.
 """
 
 from __future__ import annotations
@@ -39,12 +42,15 @@ class Drafting:
         self.eligible = np.zeros(rows, dtype=bool)
         self.wanted = np.ones(rows, dtype=bool)  # per step from the plan (`ScheduledChunk.draft_after`)
         self.max_tokens = np.zeros(rows, dtype=np.int64)
+        # Per slot: the proposer's KV is valid before this position (-1: not known until the slot's first step).
+        self.kv_valid = np.full(rows, -1, dtype=np.int64)
         self.draft_probs: dict[int, tuple[int, torch.Tensor]] = {}  # slot -> (first draft position, q [n, V])
 
     def add(self, slot: int, params: SamplingParams) -> None:
         self.eligible[slot] = speculation_blocker(params) is None
         self.wanted[slot] = True
         self.max_tokens[slot] = self.batch.max_model_len if params.max_tokens is None else params.max_tokens
+        self.kv_valid[slot] = -1
         self.draft_probs.pop(slot, None)
 
     def release(self, slots) -> None:
@@ -61,8 +67,18 @@ class Drafting:
         max_drafts = np.minimum(self.config.num_speculative_tokens,
                                 np.minimum(batch.max_model_len - new_lengths, self.max_tokens[sample_slots] - outputs) - 1)
         drafting = np.flatnonzero(self.eligible[sample_slots] & self.wanted[sample_slots] & (max_drafts > 0))
+        unknown = self.kv_valid[slots] < 0
+        self.kv_valid[slots[unknown]] = starts[unknown]
+        ends = starts + query_lens
+        states = self.tap.take(hidden_states)
+        if self.proposer.catch_up_from_tokens:
+            if not drafting.size:
+                return None
+            starts = np.minimum(starts, self.kv_valid[slots])
+            query_lens, states = ends - starts, {}
+        self.kv_valid[slots] = ends
         step = ProposerStep(slots, starts, query_lens, [batch.host_block_tables[slot] for slot in slots.tolist()],
-                            self.tap.take(hidden_states), samples[drafting], new_lengths[drafting], outputs[drafting],
+                            states, samples[drafting], new_lengths[drafting], outputs[drafting],
                             max_drafts[drafting], batch.token_pool, batch.sampling)
         drafts = self.proposer.propose(step)
         if not samples.size:

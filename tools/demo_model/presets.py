@@ -74,6 +74,10 @@ PRESETS: dict[str, Preset] = {
                      intermediate_size=1024, steps=600, batch_size=16, seq_len=256, lr=1e-3, warmup_steps=30),
     "draft": Preset("LlamaForCausalLM", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                     intermediate_size=384, steps=600, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=30),
+    # One decoder layer: on a CPU a forward's cost is mostly fixed per-layer work, so depth, not width, sets
+    # what a draft costs against the target (docs/spec_decode/README.md, "Draft-model cost on CPU").
+    "draft-1l": Preset("LlamaForCausalLM", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                       intermediate_size=768, steps=600, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=30),
     # Upcycled from the draft: four copies of the target's FFN would make it 72 MB, past the size budget.
     "moe": Preset("Qwen3MoeForCausalLM", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                   intermediate_size=384, num_experts=4, steps=150, batch_size=16, seq_len=256, lr=6e-4,

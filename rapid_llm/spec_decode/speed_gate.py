@@ -1,0 +1,96 @@
+"""Speed gate: batch-level adaptive off -- speculation stays on only while it measurably speeds decoding up.
+
+Per-request acceptance (`adaptive.py`) cannot see what drafting costs: a draft model accepted at 0.5 can
+still make a step dearer than the tokens it saves (a CPU, where a decode step is not memory-bound). The gate
+measures instead: output tokens per second over windows of `window` decode-only steps at a steady batch (a
+step with a prefill chunk, the first steps after a switch, and a batch size off the window's first by more
+than a quarter restart nothing but are not counted, or restart the window). One window with speculation on,
+one with it off (a probe); the faster mode is kept for `_HOLD` windows, then the other is probed again. Each
+decision that repeats the last one doubles the hold (up to `_MAX_BACKOFF` times), a reversal resets it, so a
+workload that never gains pays a probe ever more rarely. While closed, no request drafts, none waits
+lock-step, and a worker proposer runs no forward at all. Torch-free; the clock is injectable (tests).
+
+Usage:
+    gate = SpeedGate(window=32)
+    if gate.open: ...                                    # may requests draft in the next plan
+    gate.step_done(decode_only, num_rows, num_tokens)    # once per step result
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+_HOLD = 4  # windows a decision holds before the other mode is probed again (times the backoff)
+_MAX_BACKOFF = 16
+_SETTLE_STEPS = 2  # results after a switch that were planned (async: one step ahead) before it
+
+
+class SpeedGate:
+    def __init__(self, window: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self.open = True
+        self._held = True  # the mode chosen by the last decision (the first: speculation on, unmeasured)
+        self._probing = False
+        self._windows_left = 1  # windows to run in the current mode before the next comparison
+        self._backoff = 1
+        self._rates: dict[bool, float | None] = {True: None, False: None}
+        self._last_result: float | None = None
+        self._settle = 0
+        self._reset_window()
+        self.num_closes = 0  # decisions that turned speculation off
+        self.num_probes = 0  # windows run in the mode not held
+
+    @property
+    def enabled(self) -> bool:
+        return self.window > 0
+
+    def _reset_window(self) -> None:
+        self._steps, self._tokens, self._seconds, self._rows = 0, 0, 0.0, 0
+
+    def step_done(self, decode_only: bool, num_rows: int, num_tokens: int) -> None:
+        """Count one step's result: `num_tokens` output tokens over `num_rows` sampling rows."""
+        now = self._clock()
+        elapsed = None if self._last_result is None else now - self._last_result
+        self._last_result = now
+        if not self.enabled:
+            return
+        if self._settle:
+            self._settle -= 1
+            return
+        if not decode_only or elapsed is None or num_rows == 0:
+            return
+        if self._steps and abs(num_rows - self._rows) * 4 > self._rows:
+            self._reset_window()  # the batch changed: rates at different sizes do not compare
+        if not self._steps:
+            self._rows = num_rows
+        self._steps += 1
+        self._tokens += num_tokens
+        self._seconds += elapsed
+        if self._steps >= self.window:
+            rate = self._tokens / self._seconds if self._seconds > 0 else 0.0
+            self._reset_window()
+            self._window_done(rate)
+
+    def _window_done(self, rate: float) -> None:
+        self._rates[self.open] = rate
+        if self._probing:
+            faster = bool(self._rates[True] >= self._rates[False])
+            self._backoff = min(2 * self._backoff, _MAX_BACKOFF) if faster == self._held else 1
+            if not faster and self._held:
+                self.num_closes += 1
+            self._held, self._probing = faster, False
+            self._windows_left = _HOLD * self._backoff
+            self._switch(faster)
+            return
+        self._windows_left -= 1
+        if self._windows_left <= 0:
+            self._probing = True
+            self.num_probes += 1
+            self._switch(not self._held)
+
+    def _switch(self, mode: bool) -> None:
+        if mode != self.open:
+            self.open = mode
+            self._settle = _SETTLE_STEPS
