@@ -53,15 +53,9 @@ class DraftModelProposer(ModelProposer):
     @torch.inference_mode()
     def propose(self, step: ProposerStep) -> Drafts:
         device = self.target.device
-        drafting = np.zeros(step.slots.size, dtype=bool)
-        drafting[step.draft_rows] = True
         lengths = step.query_lens.copy()
         lengths[step.draft_rows] = step.num_tokens - step.starts[step.draft_rows]
-        tables = [self._table(step, row, drafting[row]) for row in range(step.slots.size)]
-        width = max(len(table) for table in tables)
-        # One device table per step (padded with the padding block), sliced by row for each forward.
-        device_table = to_device([torch.tensor([table + [self.kv.padding_block] * (width - len(table))
-                                                for table in tables], dtype=torch.int64)], device)[0]
+        tables, device_table = self._tables(step)
         all_rows = np.arange(step.slots.size)
         hidden = self._forward(step, all_rows, lengths, step.starts + lengths, tables, device_table)
         num_rows, k = step.draft_rows.size, int(step.max_drafts.max(initial=0))
@@ -87,6 +81,17 @@ class DraftModelProposer(ModelProposer):
             logits = self.model.compute_logits(hidden)
         return Drafts(tokens, probs, sampled)
 
+    def _tables(self, step: ProposerStep) -> tuple[list[list[int]], torch.Tensor]:
+        """Each chunk's block table (a drafting row's with its scratch blocks appended), and all of them as one
+        device table per step (padded with the padding block), sliced by row for each forward."""
+        drafting = np.zeros(step.slots.size, dtype=bool)
+        drafting[step.draft_rows] = True
+        tables = [self._table(step, row, drafting[row]) for row in range(step.slots.size)]
+        width = max(len(table) for table in tables)
+        device_table = to_device([torch.tensor([table + [self.kv.padding_block] * (width - len(table))
+                                                for table in tables], dtype=torch.int64)], self.target.device)[0]
+        return tables, device_table
+
     def _table(self, step: ProposerStep, row: int, drafting: bool) -> list[int]:
         table = list(step.block_tables[row])
         if drafting:
@@ -99,6 +104,13 @@ class DraftModelProposer(ModelProposer):
                  input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The draft's hidden states of chunk `rows` computing query_lens tokens each (ids from the token pool
         unless given)."""
+        return self.model(self._batch(step, rows, query_lens, seq_lens, tables, device_table, input_ids))
+
+    def _batch(self, step: ProposerStep, rows: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+               tables: list[list[int]], device_table: torch.Tensor, input_ids: torch.Tensor | None,
+               token_offset: int = 0) -> ForwardBatch:
+        """The forward batch of chunk `rows` computing query_lens positions each; unless given, the ids are the
+        token pool's at each position + `token_offset` (the MTP proposer reads the next token)."""
         device = self.target.device
         rows_on_device, slots_on_device = to_device([torch.from_numpy(rows), torch.from_numpy(step.slots[rows])],
                                                     device)
@@ -106,8 +118,8 @@ class DraftModelProposer(ModelProposer):
                             self.target.block_size, block_table=device_table[rows_on_device])
         attention = self.target.backend.build_metadata(layout, device)
         if input_ids is None:
-            input_ids = step.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
-        return self.model(ForwardBatch(input_ids=input_ids, attention=attention))
+            input_ids = step.token_pool[slots_on_device[attention.seq_index], attention.positions + token_offset].long()
+        return ForwardBatch(input_ids=input_ids, attention=attention)
 
     def _draw(self, step: ProposerStep, logits: torch.Tensor, active: np.ndarray, position: int,
               tokens: torch.Tensor, probs: torch.Tensor | None) -> None:

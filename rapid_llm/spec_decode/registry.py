@@ -17,17 +17,19 @@ _PROPOSERS: dict[str, str | type[Proposer]] = {
     "ngram": "rapid_llm.spec_decode.ngram:NgramProposer",
 }
 
-# "draft" is accepted as an alias of vLLM's "draft_model".
+# "draft" is accepted as an alias of vLLM's "draft_model", "deepseek_mtp" (vLLM's older name) of "mtp".
 _MODEL_PROPOSERS: dict[str, str | type] = {
     "draft_model": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
     "draft": "rapid_llm.spec_decode.draft_model:DraftModelProposer",
+    "mtp": "rapid_llm.spec_decode.mtp:MTPProposer",
+    "deepseek_mtp": "rapid_llm.spec_decode.mtp:MTPProposer",
     "dflash": "rapid_llm.spec_decode.dflash:DFlashProposer",
     "dspark": "rapid_llm.spec_decode.dspark:DSparkProposer",
 }
 
 _NOT_BUILT: dict[str, str] = {
     name: "not built yet (docs/spec_decode/README.md lists what is planned)"
-    for name in ("eagle", "eagle3", "mtp", "medusa")
+    for name in ("eagle", "eagle3", "medusa")
 }
 
 

@@ -72,7 +72,7 @@ def test_config_from_the_flag_and_the_offline_dict(tiny_checkpoint) -> None:
 def test_registry_refuses_unknown_and_not_built_methods() -> None:
     with pytest.raises(ValueError, match="unknown method 'nope'; known: .*ngram"):
         check_method("nope")
-    for planned in ("mtp", "eagle", "medusa"):
+    for planned in ("eagle", "eagle3", "medusa"):
         with pytest.raises(ValueError, match="not built yet"):
             check_method(planned)
 
