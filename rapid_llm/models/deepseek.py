@@ -9,7 +9,8 @@ the last `qk_rope_head_dim` dims of q/k are rotated: interleaved pairs (V2 alway
 `mscale_all_dim`, the softmax scale, as transformers does. Layers from `first_k_dense_replace` on are
 mixture-of-experts layers (`SparseMoeBlock.deepseek`: routed experts plus shared experts) with V2's
 softmax router ("greedy" / "group_limited_greedy") or V3's sigmoid one with e_score_correction_bias.
-V3 checkpoints carry MTP layers after the last decoder layer; they are declared skipped (`mtp_checkpoint_keys`).
+V3 checkpoints carry MTP layers after the last decoder layer; the target skips them (`mtp_checkpoint_keys`), the
+`mtp` speculative proposer (`spec_decode/mtp.py`) loads them.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def mtp_checkpoint_keys(config: PretrainedConfig) -> tuple[SkippedKeys, ...]:
     """V3's `num_nextn_predict_layers` MTP layers, stored as decoder layers `model.layers.{num_hidden_layers + i}`
     (a full layer plus embed_tokens, enorm, hnorm, eh_proj, shared_head.norm/head); V2 configs have none."""
     return mtp_layer_keys(config, "model.layers.{num_hidden_layers + i}.* for i < num_nextn_predict_layers",
-                          r"model\.layers\.", first=config.num_hidden_layers)
+                          r"model\.layers\.", "the `mtp` speculative proposer loads them",
+                          first=config.num_hidden_layers)
 
 
 class KVBProjection(ColumnParallelLinear):

@@ -122,7 +122,8 @@ def mtp_checkpoint_keys(config: PretrainedConfig) -> tuple[SkippedKeys, ...]:
     """The `num_nextn_predict_layers` MTP layers, stored apart from the decoder as `mtp.{i}.*` (a decoder layer
     plus enorm, hnorm, e_proj, h_proj, norm, head and hc_head_*), with or without a `model.` prefix (transformers
     ignores `mtp.` names under any prefix)."""
-    return mtp_layer_keys(config, "mtp.{i}.* for i < num_nextn_predict_layers", r"(?:model\.)?mtp\.")
+    return mtp_layer_keys(config, "mtp.{i}.* for i < num_nextn_predict_layers", r"(?:model\.)?mtp\.",
+                          "not built for V4")
 
 
 class DeepseekV4ForCausalLM(nn.Module):

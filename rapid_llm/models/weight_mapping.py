@@ -67,18 +67,19 @@ class SkippedKeys(NamedTuple):
     reason: str
 
 
-# Issue 15 (speculative decoding) turns the declarations carrying this reason into an MTP module's weights.
-MTP_REASON = "multi-token-prediction (MTP) layers, kept in the checkpoint for speculative decoding (not built yet)"
+MTP_REASON = "multi-token-prediction (MTP) layers, kept in the checkpoint for speculative decoding"
 
 
-def mtp_layer_keys(config: PretrainedConfig, keys: str, prefix: str, first: int = 0) -> tuple[SkippedKeys, ...]:
+def mtp_layer_keys(config: PretrainedConfig, keys: str, prefix: str, use: str,
+                   first: int = 0) -> tuple[SkippedKeys, ...]:
     """The MTP declaration for names `{prefix}{first + i}.*`, i < num_nextn_predict_layers (`prefix` a regular
-    expression); none when the config has no MTP layers (DeepSeek-V2's has no such field)."""
+    expression; `use`: what reads them, for the reason); none when the config has no MTP layers (DeepSeek-V2's
+    has no such field)."""
     count = getattr(config, "num_nextn_predict_layers", 0) or 0
     if count == 0:
         return ()
     indices = "|".join(str(first + i) for i in range(count))
-    return (SkippedKeys(keys, rf"{prefix}({indices})\..+", MTP_REASON),)
+    return (SkippedKeys(keys, rf"{prefix}({indices})\..+", f"{MTP_REASON} ({use})"),)
 
 
 def skipped_by(name: str, skipped: tuple[SkippedKeys, ...]) -> SkippedKeys | None:

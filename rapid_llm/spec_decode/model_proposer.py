@@ -1,6 +1,6 @@
 """The worker-side proposer seam: proposers that need the device, their own KV and/or the target's hidden states.
 
-Contract (draft model now; MTP/EAGLE/DFlash/DSpark adapters implement the same class):
+Contract (the draft model, MTP, DFlash and DSpark implement it; an EAGLE head would too):
 * Built once in the worker by `build_model_proposer(config, target)` (`registry.py`), after the target model.
 * `kv_layers()`: the proposer's own paged attention layers. The runner allocates their caches with the same
   block ids as the target's (one block count over target + proposer bytes per block), so the scheduler's block

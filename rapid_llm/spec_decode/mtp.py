@@ -102,6 +102,8 @@ class MTPProposer(DraftModelProposer):
     """The draft model's proposer with the target's MTP layers as the draft (`_tables`, `_batch`, `_draw`,
     `kv_layers` reused); the catch-up and each draft step read the states before them (see the module docstring)."""
 
+    catch_up_from_tokens = False  # it reads the target's hidden states of the step's own tokens
+
     def __init__(self, config, target: TargetContext) -> None:
         # Not DraftModelProposer.__init__: there is no draft checkpoint, the draft is part of the target's.
         ModelProposer.__init__(self, config, target)
