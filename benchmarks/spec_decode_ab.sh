@@ -13,7 +13,8 @@
 # TPOT over the rounds, the ratio to `off`, and acceptance.
 #
 #   usage: benchmarks/spec_decode_ab.sh [OUT_DIR]
-#   env: METHODS="off ngram" (add draft_model once it is built), MODEL=demo-target, DRAFT=demo-draft, K=3,
+#   env: METHODS="off ngram" (draft_model drafts with DRAFT; draft_model@NAME with the demo draft NAME, e.g.
+#        draft_model@demo-draft-1l, so several drafts compare in one run), MODEL=demo-target, DRAFT=demo-draft, K=3,
 #        PAIRS=3, PROMPTS=80, CONCURRENCY=8, OUTPUT_LEN=128, WORKLOADS="A B", WARMUP=1, SPEC_EXTRA (JSON fields merged into
 #        every speculative config, e.g. '"acceptance_threshold": 0'), SERVER_ARGS (extra launch flags)
 set -euo pipefail
@@ -34,6 +35,7 @@ spec_config() {  # spec_config METHOD: the --speculative-config JSON ("" for off
     case "$1" in
         off) echo "" ;;
         draft_model) echo "{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": $K$extra}" ;;
+        draft_model@*) echo "{\"method\": \"draft_model\", \"model\": \"${1#draft_model@}\", \"num_speculative_tokens\": $K$extra}" ;;
         *) echo "{\"method\": \"$1\", \"num_speculative_tokens\": $K$extra}" ;;
     esac
 }

@@ -19,12 +19,12 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 DEMO_ROOT = Path(__file__).resolve().parent.parent / "demo_models"
 DEFAULT_DEMO = "demo-target"
-DEMO_MODELS = {"demo-target": "target", "demo-draft": "draft", "demo-moe": "moe"}
+DEMO_MODELS = {"demo-target": "target", "demo-draft": "draft", "demo-draft-1l": "draft-1l", "demo-moe": "moe"}
 _ALIASES = {"demo": DEFAULT_DEMO}
 
 
 def demo_model_dir(name: str) -> Path:
-    """The packaged folder of `name` (demo-target, demo-draft, demo-moe or the alias demo)."""
+    """The packaged folder of `name` (a key of DEMO_MODELS or the alias demo)."""
     return DEMO_ROOT / DEMO_MODELS[_ALIASES.get(name, name)]
 
 

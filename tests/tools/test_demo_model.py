@@ -13,7 +13,7 @@ import transformers
 from tools.demo_model import data
 from tools.demo_model.presets import PRESETS
 from tools.demo_model.tokenizer import ARTIFACT_DIR, train_tokenizer
-from tools.demo_model.train import tokenize, train
+from tools.demo_model.train import _loss, tokenize, train
 from tools.demo_model.upcycle import upcycle
 
 TINY = PRESETS["tiny"]
@@ -157,3 +157,20 @@ def test_upcycled_moe_copies_the_dense_model() -> None:
     assert not torch.equal(experts[0], experts[1])
     logits = moe(torch.tensor([[1, 5, 9]])).logits
     assert logits.shape == (1, 3, TINY.config().vocab_size)
+
+
+def test_distillation_fits_the_teacher_and_starts_from_the_copied_student(tmp_path: pathlib.Path,
+                                                                          tiny_dense: pathlib.Path,
+                                                                          held_out_tokens: torch.Tensor) -> None:
+    """A dense preset with upcycle_from starts as a copy of --init-from; with a teacher the loss is the KL from
+    the teacher's next-token distribution: zero when the student is the teacher, and training lowers it."""
+    teacher = transformers.AutoModelForCausalLM.from_config(TINY.config(), dtype=torch.float32).eval()
+    student = transformers.AutoModelForCausalLM.from_pretrained(tiny_dense, dtype=torch.float32)
+    chunk = held_out_tokens[: 2 * 17].view(2, 17)
+    assert _loss(teacher, chunk, teacher).item() == pytest.approx(0.0, abs=1e-6)
+    before = _loss(student, chunk, teacher).item()
+    distilled = dataclasses.replace(TINY, steps=8, lr=1e-2, upcycle_from="tiny", distill_from="tiny")
+    train(distilled, held_out_tokens, held_out_tokens[:200], tmp_path / "w", tmp_path / "out", init_from=tiny_dense,
+          teacher=teacher)
+    after = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    assert 0 < _loss(after, chunk, teacher).item() < before

@@ -21,7 +21,9 @@ from tools.demo_model.tokenizer import MODEL_MAX_LENGTH, VOCAB_SIZE
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """One model shape and how long to train it; ``upcycle_from`` names the preset it starts from."""
+    """One model shape and how long to train it; ``upcycle_from`` names the preset it starts from (upcycled
+    for an MoE preset, copied for a dense one); with ``distill_from`` the loss is the KL divergence from that
+    preset's trained model's next-token distribution instead of the data's next token."""
 
     architecture: str
     hidden_size: int
@@ -36,6 +38,7 @@ class Preset:
     warmup_steps: int
     num_experts: int = 0
     upcycle_from: str | None = None
+    distill_from: str | None = None
 
     def config(self) -> transformers.PretrainedConfig:
         common: dict[str, object] = {
@@ -78,6 +81,10 @@ PRESETS: dict[str, Preset] = {
     # what a draft costs against the target (docs/spec_decode/README.md, "Draft-model cost on CPU").
     "draft-1l": Preset("LlamaForCausalLM", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
                        intermediate_size=768, steps=600, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=30),
+    # draft-1l distilled from the target: what a draft is for is agreeing with the target, not with the data.
+    "draft-1l-kd": Preset("LlamaForCausalLM", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                          intermediate_size=768, steps=200, batch_size=16, seq_len=256, lr=5e-4, warmup_steps=10,
+                          upcycle_from="draft-1l", distill_from="target"),
     # Upcycled from the draft: four copies of the target's FFN would make it 72 MB, past the size budget.
     "moe": Preset("Qwen3MoeForCausalLM", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                   intermediate_size=384, num_experts=4, steps=150, batch_size=16, seq_len=256, lr=6e-4,

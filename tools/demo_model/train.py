@@ -9,6 +9,7 @@ bf16 autocast was not tried); exports are bfloat16. The ``moe`` preset starts fr
 Usage:
     python -m tools.demo_model.train --preset target --work-dir W --out OUT [--max-minutes M]
     python -m tools.demo_model.train --preset moe --init-from OUT_TARGET --work-dir W2 --out OUT2
+    python -m tools.demo_model.train --preset draft-1l-kd --init-from OUT_1L --teacher OUT_TARGET --work-dir W3 --out OUT3
 """
 
 from __future__ import annotations
@@ -80,13 +81,20 @@ def held_out_loss(model: transformers.PreTrainedModel, tokens: torch.Tensor, seq
     return total / len(windows)
 
 
-def _loss(model: transformers.PreTrainedModel, chunk: torch.Tensor) -> torch.Tensor:
+def _loss(model: transformers.PreTrainedModel, chunk: torch.Tensor,
+          teacher: transformers.PreTrainedModel | None = None) -> torch.Tensor:
+    """Next-token cross-entropy, or with a teacher KL(teacher || model) per position."""
     logits = model(input_ids=chunk[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten())
+    if teacher is None:
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten())
+    with torch.no_grad():
+        target = teacher(input_ids=chunk[:, :-1]).logits.log_softmax(dim=-1)
+    return torch.nn.functional.kl_div(logits.log_softmax(dim=-1).flatten(0, 1), target.flatten(0, 1),
+                                      reduction="batchmean", log_target=True)
 
 
 def build_model(preset: Preset, seed: int, init_from: pathlib.Path | None) -> transformers.PreTrainedModel:
-    """The step-0 float32 model: seeded random init, or ``init_from`` upcycled for an MoE preset."""
+    """The step-0 float32 model: seeded random init, or ``init_from`` (upcycled for an MoE preset)."""
     # grouped_mm runs the experts as one kernel; the default per-expert loop is several times slower.
     kwargs = {"experts_implementation": "grouped_mm"} if preset.num_experts else {}
     generator = torch.Generator().manual_seed(seed)
@@ -94,7 +102,7 @@ def build_model(preset: Preset, seed: int, init_from: pathlib.Path | None) -> tr
         if init_from is None:
             raise ValueError(f"this preset is upcycled from the {preset.upcycle_from!r} preset: pass --init-from")
         dense = transformers.AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
-        return upcycle(dense, preset.config(), generator, **kwargs)
+        return upcycle(dense, preset.config(), generator, **kwargs) if preset.num_experts else dense
     # HF's init draws from the global generator; fork_rng keeps the seeding local to this call.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -103,7 +111,8 @@ def build_model(preset: Preset, seed: int, init_from: pathlib.Path | None) -> tr
 
 def train(preset: Preset, train_tokens: torch.Tensor, held_out_tokens: torch.Tensor, work_dir: pathlib.Path,
           out_dir: pathlib.Path, *, seed: int = 0, init_from: pathlib.Path | None = None,
-          checkpoint_every: int = 50, max_minutes: float | None = None, stop_at: int | None = None) -> TrainResult:
+          checkpoint_every: int = 50, max_minutes: float | None = None, stop_at: int | None = None,
+          teacher: transformers.PreTrainedModel | None = None) -> TrainResult:
     """Train ``preset`` from the state in ``work_dir`` (if any) and export the weights to ``out_dir``.
 
     Stops at the end of the schedule, at step ``stop_at``, or after ``max_minutes``, whichever comes
@@ -129,7 +138,7 @@ def train(preset: Preset, train_tokens: torch.Tensor, held_out_tokens: torch.Ten
         while step < last and time.monotonic() < deadline:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(preset, step)
-            loss = _loss(model, batch(train_tokens, seed, step, preset.batch_size, preset.seq_len))
+            loss = _loss(model, batch(train_tokens, seed, step, preset.batch_size, preset.seq_len), teacher)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             optimizer.step()
@@ -152,18 +161,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
     parser.add_argument("--work-dir", type=pathlib.Path, required=True, help="resumable state lives here")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="HF folder to export to")
-    parser.add_argument("--init-from", type=pathlib.Path, help="trained dense HF folder (moe preset)")
+    parser.add_argument("--init-from", type=pathlib.Path, help="trained HF folder of the preset's upcycle_from")
+    parser.add_argument("--teacher", type=pathlib.Path, help="trained HF folder of the preset's distill_from")
     parser.add_argument("--stdlib", type=pathlib.Path, default=data.DEFAULT_STDLIB)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--max-minutes", type=float)
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
+    if (preset.distill_from is None) != (args.teacher is None):
+        parser.error(f"--teacher is the trained {preset.distill_from!r} folder for this preset, and only for it")
+    teacher = None if args.teacher is None else transformers.AutoModelForCausalLM.from_pretrained(
+        args.teacher, dtype=torch.float32).eval()
     train_tokens = tokenize(data.load_train(args.stdlib).values())
     held_out_tokens = tokenize(data.load_held_out().values())
     print(f"{args.preset}: {train_tokens.numel()} train tokens, {held_out_tokens.numel()} held-out tokens", flush=True)
     result = train(preset, train_tokens, held_out_tokens, args.work_dir, args.out, seed=args.seed,
-                   init_from=args.init_from, checkpoint_every=args.checkpoint_every, max_minutes=args.max_minutes)
+                   init_from=args.init_from, checkpoint_every=args.checkpoint_every, max_minutes=args.max_minutes,
+                   teacher=teacher)
     status = "finished" if result.finished else f"stopped early (rerun to resume to step {preset.steps})"
     print(f"{args.preset}: step {result.step}/{preset.steps} {status}; {result.tokens_per_s:.0f} tokens/s; "
           f"held-out loss {result.held_out_loss:.3f}; exported to {args.out}", flush=True)

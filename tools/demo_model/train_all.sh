@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train the demo family in order -- target, draft, then moe upcycled from the exported draft -- at
+# Train the demo family in order -- target, draft, then moe upcycled from the exported draft, then the one-layer
+# draft and its distillation from the exported target (packaged as demo-draft-1l) -- at
 # nice 19, so it only takes CPU that nothing else wants. Rerunning resumes every preset from its work
 # directory (a finished one only re-exports). Arguments after ROOT go to every train command, e.g.
 # `--max-minutes 30` to cap each run (the schedule then continues on the next rerun).
@@ -21,3 +22,5 @@ run() {
 run target "$@"
 run draft "$@"
 run moe --init-from "$root/draft/model" "$@"
+run draft-1l "$@"
+run draft-1l-kd --init-from "$root/draft-1l/model" --teacher "$root/target/model" "$@"
