@@ -118,7 +118,8 @@ def summarize(out: Path, max_growth_mib: float) -> dict[str, Any]:
     return {"ok": not problems, "problems": problems, "duration_s": finished_at(ordered[-1]) - finished_at(ordered[0]), "outputs": outputs, "memory": memory,
             "spec_decode": {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
                             "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-                            "num_disables": sum(s["num_disables"] for s in spec)}}
+                            "num_disables": sum(s["num_disables"] for s in spec),
+                            "num_gate_closes": sum(s.get("num_gate_closes", 0) for s in spec)}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,8 @@ done
 python3 - "$OUT" "$PAIRS" "$METHODS" "$WORKLOADS" <<'PY' | tee "$OUT/summary.txt"
 import json, statistics, sys
 out, pairs, methods, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
-print("workload  method       tok/s (mean)  ratio  median TPOT ms  acceptance  mean acc. len  pauses")
+print("workload  method                 tok/s (mean)  ratio  median TPOT ms  acceptance  mean acc. len  pauses  "
+      "gate closes")
 for workload in workloads:
     base = None
     for method in methods:
@@ -87,7 +88,8 @@ for workload in workloads:
         rate = f"{accepted / draft_tokens:.3f}" if draft_tokens else "-"
         length = f"{1 + accepted / drafts:.2f}" if drafts else "-"
         pauses = sum(s["num_disables"] for s in spec) if spec else "-"
+        closes = sum(s.get("num_gate_closes", 0) for s in spec) if spec else "-"
         ratio = f"{throughput / base:.3f}" if base else "-"
-        print(f"{workload:<9} {method:<12} {throughput:>12.1f}  {ratio:>5}  {tpot:>14.2f}  {rate:>10}  {length:>13}  "
-              f"{pauses:>6}")
+        print(f"{workload:<9} {method:<22} {throughput:>12.1f}  {ratio:>5}  {tpot:>14.2f}  {rate:>10}  {length:>13}  "
+              f"{pauses:>6}  {closes:>11}")
 PY

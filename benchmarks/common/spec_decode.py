@@ -67,20 +67,19 @@ def fetch_spec_counters(base_url: str, headers: dict[str, str] | None = None) ->
 def spec_decode_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
     """What the run added: counts, acceptance rate (accepted / draft tokens), mean acceptance length (1 +
     accepted / drafts: tokens per verification step, the bonus included) and, per draft position, the share
-    of verifications that accepted it. None without counters on both sides or without any verified draft."""
+    of verifications that accepted it (the rates None when no draft was verified: speculation paused, e.g. the
+    speed gate closed for the whole run). None without counters on both sides."""
     if before is None or after is None:
         return None
     delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in _SUFFIXES.values()}
-    if delta["num_drafts"] <= 0:
-        return None
     old = before["accepted_per_position"]
     per_position = [value - (old[i] if i < len(old) else 0.0) for i, value in enumerate(after["accepted_per_position"])]
     drafts, draft_tokens = delta["num_drafts"], delta["num_draft_tokens"]
     return {
         **{key: int(value) for key, value in delta.items()},
         "acceptance_rate": delta["num_accepted_tokens"] / draft_tokens if draft_tokens else None,
-        "mean_acceptance_length": 1.0 + delta["num_accepted_tokens"] / drafts,
-        "per_position_acceptance_rate": [value / drafts for value in per_position],
+        "mean_acceptance_length": 1.0 + delta["num_accepted_tokens"] / drafts if drafts else None,
+        "per_position_acceptance_rate": [value / drafts for value in per_position] if drafts else [],
     }
 
 
@@ -94,7 +93,8 @@ def format_spec_decode(summary: dict[str, Any] | None) -> str:
               table_row("Draft tokens:", summary["num_draft_tokens"]),
               table_row("Accepted tokens:", summary["num_accepted_tokens"]),
               table_row("Acceptance rate (%):", "n/a" if rate is None else f"{100 * rate:.2f}"),
-              table_row("Mean acceptance length:", summary["mean_acceptance_length"], ".2f"),
+              table_row("Mean acceptance length:", "n/a" if summary["mean_acceptance_length"] is None
+                        else f"{summary['mean_acceptance_length']:.2f}"),
               table_row("Per-position acceptance (%):",
                         " ".join(f"{100 * value:.1f}" for value in summary["per_position_acceptance_rate"])),
               table_row("Adaptive-off pauses:", summary["num_disables"]),

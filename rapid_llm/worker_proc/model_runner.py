@@ -276,9 +276,8 @@ class ModelRunner:
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts)
 
     def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
-        """Which of the step's slots a worker-side proposer drafts for after it (no-op without one)."""
-        if self.drafting is not None:
-            self.drafting.wanted[slots] = wanted
+        """Which of the step's slots the worker-side proposer drafts for after it."""
+        self.drafting.wanted[slots] = wanted
 
     def _draft(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray, hidden_states: torch.Tensor,
                samples: np.ndarray, new_lengths: np.ndarray) -> torch.Tensor | None:

@@ -116,7 +116,8 @@ class Worker:
                 self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
             if chunk.new_block_ids:
                 self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
-        self.runner.set_draft_after([chunk.slot for chunk in chunks], [chunk.draft_after for chunk in chunks])
+        if self.runner.drafting is not None:
+            self.runner.set_draft_after([chunk.slot for chunk in chunks], [chunk.draft_after for chunk in chunks])
         drafting = [chunk for chunk in chunks if chunk.draft_token_ids]
         if drafting:
             self.runner.input_batch.write_drafts([chunk.slot for chunk in drafting],

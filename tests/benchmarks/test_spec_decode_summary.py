@@ -34,15 +34,17 @@ def test_the_summary_is_the_runs_delta() -> None:
     after = parse_spec_counters(_text("rapid_llm", 30, 80, 42, [22, 14, 6], disables=3))
     summary = spec_decode_summary(before, after)
     assert summary == {"num_drafts": 20, "num_draft_tokens": 50, "num_accepted_tokens": 30, "num_disables": 3,
-                       "acceptance_rate": 0.6, "mean_acceptance_length": 2.5,
+                       "num_gate_closes": 0, "acceptance_rate": 0.6, "mean_acceptance_length": 2.5,
                        "per_position_acceptance_rate": [0.75, 0.5, 0.25]}
     text = format_spec_decode(summary)
     assert "Acceptance rate (%):" in text and "60.00" in text and "75.0 50.0 25.0" in text and "2.50" in text
 
 
-def test_no_counters_or_no_drafts_is_none() -> None:
+def test_no_counters_is_none_and_no_drafts_has_no_rates() -> None:
     same = parse_spec_counters(_text("rapid_llm", 4, 12, 3, [3]))
-    assert spec_decode_summary(same, same) is None
+    idle = spec_decode_summary(same, same)
+    assert idle["num_drafts"] == 0 and idle["acceptance_rate"] is idle["mean_acceptance_length"] is None
+    assert "n/a" in format_spec_decode(idle)
     assert spec_decode_summary(None, same) is None and spec_decode_summary(same, None) is None
     # A position first accepted during the run has no earlier value.
     grown = spec_decode_summary(parse_spec_counters(_text("rapid_llm", 0, 0, 0, [])),
