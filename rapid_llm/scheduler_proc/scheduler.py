@@ -338,7 +338,7 @@ class Scheduler:
         for request, by_slot in beam_rounds.items():
             self._advance_beams(request, by_slot)
         if self._speculation is not None:
-            self._speculation.gate.step_done(record.decode_only, len(result.slots),
+            self._speculation.gate.step_done(record.decode_only, len(self._running),
                                              len(result.slots) + sum(result.num_accepted))
 
     def _add_tokens(self, request: RequestState, token_ids: list[int], logprobs: TokenLogprobs | None) -> None:

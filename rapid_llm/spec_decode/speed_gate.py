@@ -1,19 +1,18 @@
 """Speed gate: batch-level adaptive off -- speculation stays on only while it measurably speeds decoding up.
 
-Per-request acceptance (`adaptive.py`) cannot see what drafting costs: a draft model accepted at 0.5 can
-still make a step dearer than the tokens it saves (a CPU, where a decode step is not memory-bound). The gate
-measures instead: output tokens per second over windows of `window` decode-only steps at a steady batch (a
-step with a prefill chunk, the first steps after a switch, and a batch size off the window's first by more
-than a quarter restart nothing but are not counted, or restart the window). One window with speculation on,
-one with it off (a probe); the faster mode is kept for `_HOLD` windows, then the other is probed again. Each
-decision that repeats the last one doubles the hold (up to `_MAX_BACKOFF` times), a reversal resets it, so a
-workload that never gains pays a probe ever more rarely. While closed, no request drafts, none waits
-lock-step, and a worker proposer runs no forward at all. Torch-free; the clock is injectable (tests).
+Acceptance (`adaptive.py`) cannot see what drafting costs: a draft accepted at 0.5 can still make a step
+dearer than the tokens it saves (a CPU, where a decode step is not memory-bound). The gate measures output
+tokens per second over windows of `window` decode-only steps: prefill steps and the first results after a
+switch are not counted, and a change of the running-request count by more than a quarter restarts the window
+(not a step's rows: under async scheduling lock-step speculating rows and planned-ahead plain ones alternate).
+One window on, one off (a probe); the faster mode is held for `_HOLD` windows, then the other is probed. A
+decision that repeats the last doubles the hold (up to `_MAX_BACKOFF` times), a reversal resets it. While
+closed nobody drafts or waits lock-step. Torch-free; the clock is injectable (tests).
 
 Usage:
     gate = SpeedGate(window=32)
-    if gate.open: ...                                    # may requests draft in the next plan
-    gate.step_done(decode_only, num_rows, num_tokens)    # once per step result
+    if gate.open: ...                                     # may requests draft in the next plan
+    gate.step_done(decode_only, num_running, num_tokens)  # once per step result
 """
 
 from __future__ import annotations
@@ -47,10 +46,10 @@ class SpeedGate:
         return self.window > 0
 
     def _reset_window(self) -> None:
-        self._steps, self._tokens, self._seconds, self._rows = 0, 0, 0.0, 0
+        self._steps, self._tokens, self._seconds, self._running = 0, 0, 0.0, 0
 
-    def step_done(self, decode_only: bool, num_rows: int, num_tokens: int) -> None:
-        """Count one step's result: `num_tokens` output tokens over `num_rows` sampling rows."""
+    def step_done(self, decode_only: bool, num_running: int, num_tokens: int) -> None:
+        """Count one step's result: `num_tokens` output tokens, `num_running` requests running after it."""
         now = self._clock()
         elapsed = None if self._last_result is None else now - self._last_result
         self._last_result = now
@@ -59,12 +58,12 @@ class SpeedGate:
         if self._settle:
             self._settle -= 1
             return
-        if not decode_only or elapsed is None or num_rows == 0:
+        if not decode_only or elapsed is None or num_running == 0:
             return
-        if self._steps and abs(num_rows - self._rows) * 4 > self._rows:
-            self._reset_window()  # the batch changed: rates at different sizes do not compare
+        if self._steps and abs(num_running - self._running) * 4 > self._running:
+            self._reset_window()  # the load changed: rates at different loads do not compare
         if not self._steps:
-            self._rows = num_rows
+            self._running = num_running
         self._steps += 1
         self._tokens += num_tokens
         self._seconds += elapsed

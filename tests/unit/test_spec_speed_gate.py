@@ -27,14 +27,15 @@ class _Clock:
         return self.now
 
 
-def _drive(gate: SpeedGate, clock: _Clock, steps: int, on_rate: float, off_rate: float, rows: int = 8) -> list[bool]:
-    """Run `steps` decode steps of `rows` rows, each emitting `rows` tokens per 1/rate seconds in the gate's
-    current mode; returns the mode of each step."""
+def _drive(gate: SpeedGate, clock: _Clock, steps: int, on_rate: float, off_rate: float,
+           running: int = 8) -> list[bool]:
+    """Run `steps` decode steps with `running` requests, each step emitting `running` tokens in 1/rate seconds
+    in the gate's current mode; returns the mode of each step."""
     modes = []
     for _ in range(steps):
         modes.append(gate.open)
         clock.now += 1.0 / (on_rate if gate.open else off_rate)
-        gate.step_done(True, rows, rows)
+        gate.step_done(True, running, running)
     return modes
 
 
@@ -68,20 +69,20 @@ def test_faster_speculation_keeps_the_gate_open() -> None:
     assert gate.num_closes == 0
 
 
-def test_prefill_steps_and_a_changed_batch_are_not_measured() -> None:
+def test_prefill_steps_and_a_changed_load_are_not_measured() -> None:
     clock = _Clock()
     gate = SpeedGate(window=4, clock=clock)
     for _ in range(40):  # slow steps, but each has a prefill chunk
         clock.now += 1.0
         gate.step_done(False, 8, 8)
     assert gate.open and gate.num_probes == 0
-    for rows in (8, 8, 8, 3, 3, 3):  # the batch shrank before the window filled: the window restarts
+    for running in (8, 8, 8, 3, 3, 3):  # the load fell before the window filled: the window restarts
         clock.now += 0.01
-        gate.step_done(True, rows, rows)
+        gate.step_done(True, running, running)
     assert gate.open and gate.num_probes == 0
     clock.now += 0.01
     gate.step_done(True, 3, 3)
-    assert not gate.open and gate.num_probes == 1  # four steps of 3 rows: the probe of "off" starts
+    assert not gate.open and gate.num_probes == 1  # four steps at 3 running: the probe of "off" starts
 
 
 def test_window_zero_never_closes() -> None:
@@ -121,7 +122,7 @@ def test_tokens_and_accounting_are_unchanged_when_the_gate_flips(depth: int,
     """The gate toggled every third result, at any point of a verification: the outputs are the model's own."""
     flips = {"count": 0}
 
-    def flipping_step_done(self: SpeedGate, decode_only: bool, num_rows: int, num_tokens: int) -> None:
+    def flipping_step_done(self: SpeedGate, decode_only: bool, num_running: int, num_tokens: int) -> None:
         flips["count"] += 1
         if flips["count"] % 3 == 0:
             self.open = not self.open
