@@ -37,7 +37,7 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     probe_after_tokens: int = 64
     # The speed gate (spec_decode/speed_gate.py): speculation on vs off compared over windows of this many
     # decode-only steps; the faster is kept. 0 turns the gate off.
-    speed_check_window: int = 32
+    speed_check_window: int = 64
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence_threshold <= 1.0:

@@ -10,7 +10,7 @@ decision that repeats the last doubles the hold (up to `_MAX_BACKOFF` times), a 
 closed nobody drafts or waits lock-step. Torch-free; the clock is injectable (tests).
 
 Usage:
-    gate = SpeedGate(window=32)
+    gate = SpeedGate(window=64)
     if gate.open: ...                                     # may requests draft in the next plan
     gate.step_done(decode_only, num_running, num_tokens)  # once per step result
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-_HOLD = 4  # windows a decision holds before the other mode is probed again (times the backoff)
-_MAX_BACKOFF = 16
+_HOLD = 8  # windows a decision holds before the other mode is probed again (times the backoff)
+_MAX_BACKOFF = 32
 _SETTLE_STEPS = 2  # results after a switch that were planned (async: one step ahead) before it
 
 

@@ -52,11 +52,11 @@ def _runs(modes: list[bool]) -> list[tuple[bool, int]]:
 def test_slower_speculation_closes_the_gate_and_probes_ever_more_rarely() -> None:
     clock = _Clock()
     gate = SpeedGate(window=4, clock=clock)
-    runs = _runs(_drive(gate, clock, 83, on_rate=50, off_rate=100))
+    runs = _runs(_drive(gate, clock, 131, on_rate=50, off_rate=100))
     # On: the first result has no previous one to time, then a window of 4. Off: 2 settle steps, the probe's
-    # window, then the decision (off) held 4 windows. Each probe of "on" (2 settle steps + a window) that
-    # confirms "off" doubles the hold: 8 windows + 2 settle steps, then 16 ...
-    assert runs == [(True, 5), (False, 2 + 4 + 16), (True, 6), (False, 2 + 32), (True, 6), (False, 10)]
+    # window, then the decision (off) held 8 windows. Each probe of "on" (2 settle steps + a window) that
+    # confirms "off" doubles the hold: 16 windows + 2 settle steps, then 32 ...
+    assert runs == [(True, 5), (False, 2 + 4 + 32), (True, 6), (False, 2 + 64), (True, 6), (False, 10)]
     assert gate.num_closes == 1 and gate.num_probes == 3
 
 
@@ -65,7 +65,7 @@ def test_faster_speculation_keeps_the_gate_open() -> None:
     gate = SpeedGate(window=4, clock=clock)
     runs = _runs(_drive(gate, clock, 200, on_rate=100, off_rate=50))
     # Each probe of "off" (a window and the 2 steps planned before it) confirms "on": the hold doubles.
-    assert runs == [(True, 5), (False, 6), (True, 2 + 32), (False, 6), (True, 2 + 64), (False, 6), (True, 77)]
+    assert runs == [(True, 5), (False, 6), (True, 2 + 64), (False, 6), (True, 117)]
     assert gate.num_closes == 0
 
 
