@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding speed, issue 15's workloads (docs/spec_decode/README.md, Speed workloads): for each of
-# PAIRS rounds and each method of METHODS in turn (interleaved, so the machine's drift spreads over all arms),
+# PAIRS rounds and each method of METHODS in turn (interleaved, each round starting one method later, so the
+# machine's drift spreads over all arms),
 # one server with that --speculative-config runs
 #   A: code completion from the demo models' held-out files (80 windows of ~1200 characters), greedy,
 #      128 output tokens;
@@ -54,8 +55,11 @@ run() {  # run WORKLOAD LABEL
     bench_spec_workload "$1" "$2" --num-warmups 4 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99
 }
 
+read -r -a methods <<< "$METHODS"
 for i in $(seq 1 "$PAIRS"); do
-    for method in $METHODS; do
+    # Round i starts at method (i - 1) mod n: no method always runs first (or last) in its round.
+    shift_by=$(( (i - 1) % ${#methods[@]} ))
+    for method in "${methods[@]:$shift_by}" "${methods[@]:0:$shift_by}"; do
         start_server "$method"
         if [ "$WARMUP" = 1 ]; then
             for workload in $WORKLOADS; do run "$workload" "warmup-$workload-$method-$i"; done
