@@ -17,8 +17,11 @@ Usage:
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
+
+logger = logging.getLogger(__name__)
 
 _HOLD = 8  # windows a decision holds before the other mode is probed again (times the backoff)
 _MAX_BACKOFF = 32
@@ -81,6 +84,9 @@ class SpeedGate:
                 self.num_closes += 1
             self._held, self._probing = faster, False
             self._windows_left = _HOLD * self._backoff
+            logger.info("speed gate: %.0f output tok/s with speculation, %.0f without: speculation %s for %d "
+                        "windows", self._rates[True], self._rates[False], "on" if faster else "off",
+                        self._windows_left)
             self._switch(faster)
             return
         self._windows_left -= 1
