@@ -50,6 +50,7 @@ class _StepRecord:
     step_id: int
     samplers: dict[int, tuple[RequestState, int]]  # slot -> (request, its epoch) when planned
     decode_only: bool  # every chunk decodes (1 + its drafts tokens, then samples): the speed gate measures it
+    # (computed only with speculation on)
 
 
 @dataclass
@@ -147,7 +148,7 @@ class Scheduler:
         )
         self._released_slots = []
         self._rollbacks = {}
-        decode_only = not draft.new_requests and all(
+        decode_only = self._speculation is not None and not draft.new_requests and all(
             chunk.num_new_tokens == 1 + len(chunk.draft_token_ids) and chunk.slot in draft.samplers
             for chunk in draft.chunks)
         self._inflight.append(_StepRecord(self._next_step_id, draft.samplers, decode_only))

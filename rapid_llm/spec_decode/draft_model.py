@@ -34,6 +34,7 @@ DRAFT_SALT = to_int64(0x5DEECE66D2B79F5A)  # xor-ed into a seeded row's seed for
 
 class DraftModelProposer(ModelProposer):
     catch_up_from_tokens = True
+
     def __init__(self, config, target: TargetContext) -> None:
         super().__init__(config, target)
         target_config = target.model_config

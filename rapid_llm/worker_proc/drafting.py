@@ -42,7 +42,8 @@ class Drafting:
         self.eligible = np.zeros(rows, dtype=bool)
         self.wanted = np.ones(rows, dtype=bool)  # per step from the plan (`ScheduledChunk.draft_after`)
         self.max_tokens = np.zeros(rows, dtype=np.int64)
-        # Per slot: the proposer's KV is valid before this position (-1: not known until the slot's first step).
+        # Per slot, for a proposer that catches up from tokens: its KV is valid before this position (-1: not known
+        # until the slot's first step).
         self.kv_valid = np.full(rows, -1, dtype=np.int64)
         self.draft_probs: dict[int, tuple[int, torch.Tensor]] = {}  # slot -> (first draft position, q [n, V])
 
@@ -67,16 +68,16 @@ class Drafting:
         max_drafts = np.minimum(self.config.num_speculative_tokens,
                                 np.minimum(batch.max_model_len - new_lengths, self.max_tokens[sample_slots] - outputs) - 1)
         drafting = np.flatnonzero(self.eligible[sample_slots] & self.wanted[sample_slots] & (max_drafts > 0))
-        unknown = self.kv_valid[slots] < 0
-        self.kv_valid[slots[unknown]] = starts[unknown]
-        ends = starts + query_lens
         states = self.tap.take(hidden_states)
         if self.proposer.catch_up_from_tokens:
+            unknown = self.kv_valid[slots] < 0
+            self.kv_valid[slots[unknown]] = starts[unknown]
             if not drafting.size:
                 return None
+            ends = starts + query_lens
             starts = np.minimum(starts, self.kv_valid[slots])
             query_lens, states = ends - starts, {}
-        self.kv_valid[slots] = ends
+            self.kv_valid[slots] = ends
         step = ProposerStep(slots, starts, query_lens, [batch.host_block_tables[slot] for slot in slots.tolist()],
                             states, samples[drafting], new_lengths[drafting], outputs[drafting],
                             max_drafts[drafting], batch.token_pool, batch.sampling)
