@@ -2,7 +2,7 @@
 
 `benchmarks/bench_ops.py` times every implementation on these inputs and `tests/kernels/test_op_numerics.py`
 compares each with torch_ref on them, so both see the same calls. A case may have variants (linear's
-projections, the sampling filter's parameter mixes, attention's decode and prefill batches), restrict its
+projections, the sampling filter's parameter mixes, attention's decode, extend and prefill batches), restrict its
 dtypes, and declare `prepare`, run once per implementation outside the timed call (for implementations that
 keep a weight in their own format), and `run`, one call (attention: the backend's build_metadata, then one
 layer's forward over a paged KV cache). Inputs come from a seeded CPU generator, so every device sees the
@@ -325,13 +325,15 @@ def _apply_token_bitmask(config: CaseConfig, variant: str) -> OpInputs:
 
 
 def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
-    """A decode batch (one new token per sequence, each after context_len minus a few cached tokens) or a
-    prefill batch (a chunk after context_len cached tokens, plus a fresh prompt), over shuffled blocks;
-    returns the layout and the cache's block count."""
+    """A decode batch (one new token per sequence, each after context_len minus a few cached tokens), an
+    extend batch (as decode, `_EXTEND_TOKENS` new tokens per sequence: a speculative verification step or a
+    draft model's catch-up) or a prefill batch (a chunk after context_len cached tokens, plus a fresh prompt),
+    over shuffled blocks; returns the layout and the cache's block count."""
     config, shape, t = inputs.config, inputs.config.shape, inputs.config.num_tokens
-    if variant == "decode":
-        cached = [max(config.context_len - row * 5 % shape.block_size, 0) for row in range(t)]  # unaligned
-        query_lens = [1] * t
+    if variant in ("decode", "extend"):
+        per_seq = 1 if variant == "decode" else min(t, _EXTEND_TOKENS)
+        query_lens = [per_seq] * (t // per_seq) + ([t % per_seq] if t % per_seq else [])
+        cached = [max(config.context_len - row * 5 % shape.block_size, 0) for row in range(len(query_lens))]
     else:
         cached, query_lens = ([config.context_len, 0], [t - t // 2, t // 2]) if t > 1 else ([0], [1])
     seq_lens = [c + q for c, q in zip(cached, query_lens)]
@@ -340,6 +342,9 @@ def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
     free = inputs.randperm(num_blocks).tolist()
     tables = [[free.pop() for _ in range(n)] for n in blocks_per_seq]
     return StepLayout(query_lens, seq_lens, tables, shape.block_size), num_blocks
+
+
+_EXTEND_TOKENS = 8
 
 
 def _layout_label(layout: StepLayout) -> str:
@@ -426,7 +431,7 @@ OP_CASES: dict[str, OpCase] = {
                                  why_dtypes="the sampler filters float32 logits", exact=True),
     "apply_token_bitmask": OpCase(_apply_token_bitmask, variants=("random", "sparse"), dtypes=("float32",),
                                   why_dtypes="the sampler masks float32 logits", exact=True),
-    "attention": OpCase(_attention, variants=("decode", "prefill"), run=_attention_step),
+    "attention": OpCase(_attention, variants=("decode", "extend", "prefill"), run=_attention_step),
     "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
     "dsv4_attention": OpCase(_dsv4_attention, variants=("decode", "prefill"), run=_dsv4_attention_step),
 }

@@ -30,6 +30,7 @@ def kernel_query_len(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     """hybrid: long chunks go to SDPA as in serving; kernel_only: the C++ kernel computes every row."""
     if request.param == "kernel_only":
         monkeypatch.setattr(cpu_paged, "MAX_KERNEL_QUERY_LEN", 1 << 30)
+        monkeypatch.setattr(cpu_paged, "MAX_BF16_KERNEL_QUERY_LEN", 1 << 30)
 
 
 class _StridedQuery(CpuPagedBackend):
@@ -83,6 +84,30 @@ def test_strided_query_rows() -> None:
                                     block_size=16)
     torch.testing.assert_close(output, naive, atol=2e-5, rtol=2e-5)
 
+
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 64)])
+def test_chunks_up_to_the_dtypes_limit_take_the_kernel(dtype: torch.dtype, head_dim: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel computes every chunk of at most `kernel_query_limit` new tokens (16 with the AVX-512 BF16
+    kernel, 4 otherwise); longer ones go to padded SDPA; each stays exact."""
+    padded_seqs = []
+    real = cpu_paged.attend_padded_group
+
+    def spy(output, query, kv_cache, group, *args):  # type: ignore[no-untyped-def]
+        padded_seqs.append(group.num_seqs)
+        real(output, query, kv_cache, group, *args)
+
+    monkeypatch.setattr(cpu_paged, "attend_padded_group", spy)
+    fast = dtype == torch.bfloat16 and head_dim == 64 and cpu_paged.CPU_OPS.load().paged_attention_bf16_kernel()
+    limit = cpu_paged.MAX_BF16_KERNEL_QUERY_LEN if fast else cpu_paged.MAX_KERNEL_QUERY_LEN
+    torch.manual_seed(4)
+    shapes = [(40, 1), (30, 4), (20, 5), (25, 16), (10, 17)]
+    output, naive = run_mixed_batch(CPU_PAGED_BACKEND, shapes, heads=6, kv_heads=2, head_dim=head_dim,
+                                    block_size=16, dtype=dtype)
+    tolerance = TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp32"]
+    torch.testing.assert_close(output.float(), naive, atol=tolerance, rtol=tolerance)
+    # run_mixed_batch's first call fills the context (one 40-token+ prefill group); the second is the step.
+    assert padded_seqs[-1] == sum(new > limit for _, new in shapes)
 
 
 @pytest.mark.usefixtures("kernel_query_len")

@@ -3,10 +3,10 @@
 The kernel (`ops/cpp/csrc/paged_attention.cpp`) walks each sequence's block table instead of gathering
 and padding its history as torch_ref does, computes an fp32 online softmax per (token, kv head), and
 splits long key ranges when there are too few items for the threads (merged by log-sum-exp). It takes
-the sequences with at most `MAX_KERNEL_QUERY_LEN` new tokens (decodes, short extends); longer prefill
-chunks go to torch_ref's `attend_padded_group` (CPU flash attention, GEMM-based: 3-7x faster there,
-measured at 128-512 tokens). Metadata is the common one plus both partitions, built once per step from host
-lists. The extension is compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible
+the sequences with few new tokens (decodes, verification steps, short extends; `kernel_query_limit`: more
+with the AVX-512 BF16 kernel); longer prefill chunks go to torch_ref's `attend_padded_group` (CPU flash
+attention, GEMM-based: 3-7x faster there, measured at 128-512 tokens). Metadata is the common one; the two
+partitions are built at the step's first layer, which knows the dtypes that set the limit. The extension is compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible
 the registry skips this backend with the reason (`skip_reason`, the catalog's `available` condition).
 It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the
 layer's scales while widening them to fp32.
@@ -25,30 +25,48 @@ from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv, write_kv_cache
 from rapid_llm.ops.attention.torch_ref import PaddedGroup, attend_padded_group, build_padded_group
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
 
-# The kernel beats padded SDPA up to ~4 new tokens after a 500-token context (bf16, 1 thread: 143 vs
-# 161 us at 4 tokens, 299 vs 180 us at 8).
+# Kernel time / padded SDPA time, 6 query and 2 kv heads of 64, 1 thread, 8 sequences after 450 cached
+# tokens and 1 after 450 or 1,500 (2-core AMD EPYC, no AMX): the generic kernel (fp32) 0.75-0.95 at 4 new
+# tokens and 0.98-1.26 at 8; the AVX-512 BF16 kernel 0.30-0.53 at 4, 0.46-0.59 at 8, 0.49-0.90 at 16 and
+# 0.9-1.06 at 32-64.
 MAX_KERNEL_QUERY_LEN = 4
+MAX_BF16_KERNEL_QUERY_LEN = 16
+_BF16_KERNEL_HEAD_DIMS = (32, 64, 128, 256)
 
 
 @dataclass
 class CpuPagedMetadata(AttentionMetadata):
+    query_lens: tuple[int, ...] = ()
+    block_size: int = 16
+    kernel_limit: int = 0  # the query-length limit the partition below was built for (0: not built yet)
     kernel_seq_ids: torch.Tensor | None = None  # [S'] int64, the sequences the C++ kernel computes
     prefill_group: PaddedGroup | None = None  # the longer chunks, for scaled_dot_product_attention
+
+
+def kernel_query_limit(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
+    """The most new tokens a sequence may have for the C++ kernel to compute it."""
+    if (query.dtype == kv_cache.dtype == torch.bfloat16 and query.shape[-1] in _BF16_KERNEL_HEAD_DIMS
+            and CPU_OPS.load().paged_attention_bf16_kernel()):
+        return MAX_BF16_KERNEL_QUERY_LEN
+    return MAX_KERNEL_QUERY_LEN
 
 
 class CpuPagedBackend(AttentionBackend):
     supports_fp8_kv = True
 
     def build_metadata(self, layout: StepLayout, device: torch.device) -> CpuPagedMetadata:
-        common = build_common_metadata(layout, device)
-        short = [i for i, length in enumerate(layout.query_lens) if length <= MAX_KERNEL_QUERY_LEN]
-        long = [i for i, length in enumerate(layout.query_lens) if length > MAX_KERNEL_QUERY_LEN]
-        return CpuPagedMetadata(
-            **vars(common),
-            kernel_seq_ids=torch.tensor(short, dtype=torch.int64, device=device) if short else None,
-            prefill_group=build_padded_group(common, torch.tensor(long, dtype=torch.int64, device=device),
-                                             layout.block_size) if long else None,
-        )
+        return CpuPagedMetadata(**vars(build_common_metadata(layout, device)), query_lens=tuple(layout.query_lens),
+                                block_size=layout.block_size)
+
+    @staticmethod
+    def _partition(metadata: CpuPagedMetadata, limit: int) -> None:
+        short = [i for i, length in enumerate(metadata.query_lens) if length <= limit]
+        long = [i for i, length in enumerate(metadata.query_lens) if length > limit]
+        device = metadata.seq_lens.device
+        metadata.kernel_seq_ids = torch.tensor(short, dtype=torch.int64, device=device) if short else None
+        metadata.prefill_group = (build_padded_group(metadata, torch.tensor(long, dtype=torch.int64, device=device),
+                                                     metadata.block_size) if long else None)
+        metadata.kernel_limit = limit
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuPagedMetadata, scale: float, sliding_window: int | None,
@@ -58,6 +76,9 @@ class CpuPagedBackend(AttentionBackend):
             write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, scales)
         else:
             ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
+        limit = kernel_query_limit(query, kv_cache)
+        if metadata.kernel_limit != limit:
+            self._partition(metadata, limit)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.kernel_seq_ids is not None:
             CPU_OPS.load().paged_attention(output, query, kv_cache, metadata.query_start_loc, metadata.seq_lens,

@@ -9,6 +9,7 @@ void paged_attention(torch::Tensor output, const torch::Tensor& query, const tor
                      const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                      const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
                      int64_t sliding_window, double k_scale, double v_scale);
+bool paged_attention_bf16_kernel();
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
                                               const torch::Tensor& weight, double eps);
@@ -27,6 +28,8 @@ void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
+  module.def("paged_attention_bf16_kernel", &paged_attention_bf16_kernel,
+             "Whether paged_attention has its AVX-512 BF16 kernel (bf16 query and cache, head_dim 32/64/128/256)");
   module.def("rms_norm", &rms_norm, "RMSNorm of each row");
   module.def("fused_add_rms_norm", &fused_add_rms_norm, "(rms_norm(x + residual), x + residual)");
   module.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of [rows, 2 * width]");

@@ -243,6 +243,14 @@ void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor&
 
 }  // namespace
 
+bool paged_attention_bf16_kernel() {
+#ifdef RAPID_LLM_HAS_AVX512_BF16_ATTENTION
+  return true;
+#else
+  return false;
+#endif
+}
+
 // output [T, Hq, D] (contiguous), query [T, Hq, D] (last dim contiguous), kv_cache [2, blocks, block_size,
 // Hkv, D]; query_start_loc [S + 1], seq_lens [S], block_tables [S, W] int64; only the rows of the
 // sequences seq_ids [S'] (int64) are computed; sliding_window 0 = none. kv_cache in the query's dtype
