@@ -10,7 +10,8 @@ step verifies that slot's drafts at that position, `verify` replaces the one-hot
 and its one draw per row are hashed from a seeded row's seed (two salts, independent of the target's own
 noise and of the draft's), so seeded output stays reproducible. Greedy rows keep argmax matching. A proposer
 whose catch-up reads token ids only (`catch_up_from_tokens`: the draft model) is not called in a step where no
-row drafts (adaptive off paused them all); per slot, the position up to which its KV is valid is kept, and its
+row drafts (adaptive off paused them all) and no chunk computes prompt positions (those blocks may reach
+another request through the prefix cache); per slot, the position up to which its KV is valid is kept, and its
 next catch-up starts there, so the skipped positions are computed then.
 """
 
@@ -72,7 +73,8 @@ class Drafting:
         if self.proposer.catch_up_from_tokens:
             unknown = self.kv_valid[slots] < 0
             self.kv_valid[slots[unknown]] = starts[unknown]
-            if not drafting.size:
+            # Prompt positions are always computed: the prefix cache may hand their blocks to a later request.
+            if not drafting.size and not (starts < batch.num_prompt_tokens[slots]).any():
                 return None
             ends = starts + query_lens
             starts = np.minimum(starts, self.kv_valid[slots])
