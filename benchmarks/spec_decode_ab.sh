@@ -6,8 +6,9 @@
 #   A: code completion from the demo models' held-out files (80 windows of ~1200 characters), greedy,
 #      128 output tokens;
 #   B: open generation from each held-out file's first line (44 prompts), temperature 1.0, 128 tokens,
-# both with ignore_eos, seed 0 on every request (a seeded request draws the same tokens with speculation on and
-# off, so every arm generates the same text), PROMPTS requests at CONCURRENCY. Each server first runs each
+# both with ignore_eos, seed 0 on every request (with ngram a seeded request draws the same tokens with
+# speculation on and off; the draft model's rejection sampling keeps only the distribution on B), PROMPTS
+# requests at CONCURRENCY. Each server first runs each
 # workload once untimed (WARMUP=1): on CPU every new batch shape costs a first-call set-up (oneDNN primitives),
 # which verification steps, with their varying token counts, hit far more often than plain decoding -- a cold
 # run measured ngram 10x slower than a warm one. The summary is each arm's mean output throughput and median
