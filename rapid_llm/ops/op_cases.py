@@ -324,6 +324,9 @@ def _apply_token_bitmask(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs((logits, bitmask.to(torch.int32).to(config.device)), f"[{rows}, {vocab_size}]")
 
 
+_EXTEND_TOKENS = 8
+
+
 def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
     """A decode batch (one new token per sequence, each after context_len minus a few cached tokens), an
     extend batch (as decode, `_EXTEND_TOKENS` new tokens per sequence: a speculative verification step or a
@@ -342,9 +345,6 @@ def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
     free = inputs.randperm(num_blocks).tolist()
     tables = [[free.pop() for _ in range(n)] for n in blocks_per_seq]
     return StepLayout(query_lens, seq_lens, tables, shape.block_size), num_blocks
-
-
-_EXTEND_TOKENS = 8
 
 
 def _layout_label(layout: StepLayout) -> str:

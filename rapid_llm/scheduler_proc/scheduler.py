@@ -49,8 +49,9 @@ logger = logging.getLogger(__name__)
 class _StepRecord:
     step_id: int
     samplers: dict[int, tuple[RequestState, int]]  # slot -> (request, its epoch) when planned
-    decode_only: bool  # every chunk decodes (1 + its drafts tokens, then samples): the speed gate measures it
-    # (computed only with speculation on)
+    # Every chunk decodes (1 + its drafts tokens, then samples): the speed gate measures it (False without
+    # speculation, where nobody reads it).
+    decode_only: bool
 
 
 @dataclass

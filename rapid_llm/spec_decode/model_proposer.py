@@ -16,8 +16,9 @@ Contract (the draft model, MTP, DFlash and DSpark implement it; an EAGLE head wo
   KV stays valid for prefix-cache hits and preemption), then draft up to `step.max_drafts[i]` tokens after
   each drafting row's new last token. A proposer that reads token ids only may set `catch_up_from_tokens`: it
   is then not called in steps where no row drafts and no chunk computes prompt positions, and a chunk's
-  `starts` may reach back to positions it skipped (its `hidden_states` is empty then). It returns `Drafts` ([D, k] ids, -1 past a row's drafts, and the draft
-  distributions q for the rows that sample); the runner keeps q per slot for the next step's verification.
+  `starts` may reach back to positions it skipped (its `hidden_states` is empty then). It returns `Drafts`
+  ([D, k] ids, -1 past a row's drafts, and the draft distributions q for the rows that sample); the runner
+  keeps q per slot for the next step's verification.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from rapid_llm.ipc.messages import GenerateRequest
-
 from rapid_llm.spec_decode.speed_gate import SpeedGate
 from tests.models.test_spec_decode_draft import GREEDY, CheckedEngine, _runner, _serve, _spec
 

@@ -6,8 +6,9 @@ splits long key ranges when there are too few items for the threads (merged by l
 the sequences with few new tokens (decodes, verification steps, short extends; `kernel_query_limit`: more
 with the AVX-512 BF16 kernel); longer prefill chunks go to torch_ref's `attend_padded_group` (CPU flash
 attention, GEMM-based: 3-7x faster there, measured at 128-512 tokens). Metadata is the common one; the two
-partitions are built at the step's first layer, which knows the dtypes that set the limit. The extension is compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible
-the registry skips this backend with the reason (`skip_reason`, the catalog's `available` condition).
+partitions are built at the step's first layer, which knows the dtypes that set the limit. The extension is
+compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible the registry skips this
+backend with the reason (`skip_reason`, the catalog's `available` condition).
 It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the
 layer's scales while widening them to fp32.
 Usage: `--attention-backend cpu_paged` (chosen by priority on a CPU).
@@ -16,6 +17,7 @@ Usage: `--attention-backend cpu_paged` (chosen by priority on a CPU).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -43,10 +45,15 @@ class CpuPagedMetadata(AttentionMetadata):
     prefill_group: PaddedGroup | None = None  # the longer chunks, for scaled_dot_product_attention
 
 
+@cache
+def _bf16_kernel_built() -> bool:
+    return CPU_OPS.load().paged_attention_bf16_kernel()
+
+
 def kernel_query_limit(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
     """The most new tokens a sequence may have for the C++ kernel to compute it."""
     if (query.dtype == kv_cache.dtype == torch.bfloat16 and query.shape[-1] in _BF16_KERNEL_HEAD_DIMS
-            and CPU_OPS.load().paged_attention_bf16_kernel()):
+            and _bf16_kernel_built()):
         return MAX_BF16_KERNEL_QUERY_LEN
     return MAX_KERNEL_QUERY_LEN
 
