@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
 
-from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+# Triton reads TRITON_INTERPRET when it is imported (Triton 3.6 also decorates its own tl.* helpers then), and
+# with a CUDA build of torch, transformers' model classes import it through torch._dynamo: so it is set here,
+# before any of that, and only where no CUDA device exists (tests/kernels/conftest.py says why).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint  # noqa: E402 (after TRITON_INTERPRET)
 
 CheckpointFactory = Callable[..., Path]
 

@@ -8,6 +8,19 @@ from typing import Sequence
 import torch
 import transformers
 
+TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+TOKENIZER_IMPORTS_TORCH = TRANSFORMERS_VERSION < (5, 18)
+TOKENIZER_IMPORTS_TORCH_REASON = ("transformers < 5.18 imports torch with PreTrainedTokenizerFast (its tokenizer "
+                                  "module imports modeling_gguf_pytorch_utils at the top), so the HTTP process does")
+
+
+def bf16_reference_fault(architecture: str) -> str | None:
+    """Why this transformers' own bfloat16 forward of `architecture` cannot be a reference, or None."""
+    if architecture == "DeepseekV4ForCausalLM" and TRANSFORMERS_VERSION < (5, 20):
+        return ("transformers < 5.20's DeepSeek-V4 RMSNorm returns float32 inside a bfloat16 model, so its own "
+                "bfloat16 forward fails (expected m1 and m2 to have the same dtype)")
+    return None
+
 
 def hf_model(checkpoint: Path | str, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
     return transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()

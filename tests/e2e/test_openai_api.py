@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from rapid_llm.ops.registry import REGISTRY
 
 from tests.e2e.conftest import API_KEY, SERVER_MAX_MODEL_LEN
+from tests.hf_reference import TOKENIZER_IMPORTS_TORCH, TOKENIZER_IMPORTS_TORCH_REASON
 
 PROMPT = "The server reads a request and"
 
@@ -161,6 +162,7 @@ def test_models_health_version(server) -> None:
     assert info["device"] == "cuda" or info["cpu_threads"] >= 1
 
 
+@pytest.mark.skipif(TOKENIZER_IMPORTS_TORCH, reason=TOKENIZER_IMPORTS_TORCH_REASON)
 def test_the_http_process_never_loads_torch(server) -> None:
     """Only the worker needs torch; the launcher (uvicorn + tokenizer) keeps its memory small."""
     assert httpx.get(f"{server.base_url}/health").status_code == 200

@@ -10,8 +10,6 @@ rounding points and the summation order.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,6 +21,7 @@ from rapid_llm.ops import moe  # noqa: E402
 from rapid_llm.ops.registry import REGISTRY  # noqa: E402
 from rapid_llm.ops.triton import fused_moe as triton_moe  # noqa: E402
 from rapid_llm.ops.triton.moe_align import align_slots  # noqa: E402
+from tests.kernels.triton_interpreter import INTERPRETED, INTERPRETER_FAULT  # noqa: E402
 
 HIDDEN, INTERMEDIATE, EXPERTS = 40, 24, 6
 
@@ -106,7 +105,8 @@ def _truncating_transcription(x: torch.Tensor, topk_weights: torch.Tensor, topk_
     return torch.stack(rows).to(torch.bfloat16)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="checks the interpreter's bf16 rounding")
+@pytest.mark.skipif(not INTERPRETED, reason="checks the interpreter's bf16 rounding")
+@pytest.mark.skipif(INTERPRETER_FAULT is not None, reason=str(INTERPRETER_FAULT))
 @pytest.mark.parametrize(("tokens", "top_k"), [(7, 2), (20, 6)])
 def test_bf16_rounds_where_the_reference_does(tokens: int, top_k: int) -> None:
     torch.manual_seed(tokens)

@@ -18,7 +18,7 @@ from rapid_llm.ops.amx_moe import AMX_MOE
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner
-from tests.hf_reference import hf_greedy, hf_logits, hf_model
+from tests.hf_reference import bf16_reference_fault, hf_greedy, hf_logits, hf_model
 from tests.models.paged_generation import generate, prefill_logits
 
 PROMPT_LENGTHS = (7, 21, 38)
@@ -50,6 +50,8 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
     """bf16 has 8 mantissa bits, so the two engines' different GEMM groupings (merged qkv, batched
     attention) round differently. Our error against the float32 reference must stay within twice
     transformers' own bf16 error against it (plus a 0.05 floor for near-zero cases)."""
+    if bf16_reference_fault(architecture):
+        pytest.skip(bf16_reference_fault(architecture))
     _assert_bfloat16_no_worse_than_transformers(tiny_checkpoint(architecture, dtype=torch.bfloat16))
 
 

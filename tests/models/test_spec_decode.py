@@ -6,6 +6,8 @@ tokens with speculation on and off."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -59,12 +61,14 @@ def demo():
 
 def _hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     """Plain argmax continuation with transformers' KV cache (EOS not special, as ignore_eos)."""
+    # transformers renamed forward's past_key_values to cache after 5.18; an unknown keyword is silently ignored.
+    cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     tokens: list[int] = []
     with torch.inference_mode():
         out = model(torch.tensor([list(prompt)]), use_cache=True)
         for _ in range(new_tokens):
             tokens.append(int(out.logits[0, -1].argmax()))
-            out = model(torch.tensor([tokens[-1:]]), cache=out.past_key_values, use_cache=True)
+            out = model(torch.tensor([tokens[-1:]]), use_cache=True, **{cache_keyword: out.past_key_values})
     return tokens
 
 

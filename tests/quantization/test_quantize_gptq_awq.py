@@ -19,6 +19,7 @@ from rapid_llm.quantize.gptq import HessianAccumulator, gptq_quantize
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.quantization.int4_reference import dequantize_groups, quantize_groups
+from tools.demo_model.data import DATA_DIR, MANIFEST_NAME, SOURCE
 
 
 def _correlated_inputs(rows: int, features: int, seed: int) -> torch.Tensor:
@@ -77,6 +78,11 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+DEMO_TRAIN_SOURCE = json.loads((DATA_DIR / MANIFEST_NAME).read_text())["source"]
+
+
+@pytest.mark.skipif(SOURCE != DEMO_TRAIN_SOURCE, reason=f"--dataset demo-train is the train split of "
+                    f"{DEMO_TRAIN_SOURCE} (tools/demo_model/data/manifest.json); this Python has the {SOURCE}")
 @pytest.mark.parametrize("method,extra", [("gptq", ["--no-sym"]), ("gptq", ["--desc-act"]), ("awq", [])])
 def test_quantize_command_writes_a_checkpoint_that_loads_and_beats_rtn(tmp_path: Path, method: str,
                                                                       extra: list[str]) -> None:

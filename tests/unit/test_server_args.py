@@ -15,6 +15,7 @@ from rapid_llm.config.checkpoint_dir import check_model_dir, check_tokenizer_dir
 from rapid_llm.entrypoints.http_server import bind_listening_socket
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.server_args import ServerArgs
+from tests.hf_reference import TOKENIZER_IMPORTS_TORCH, TOKENIZER_IMPORTS_TORCH_REASON
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -127,6 +128,7 @@ def test_the_launcher_modules_do_not_import_torch_or_the_engine() -> None:
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.skipif(TOKENIZER_IMPORTS_TORCH, reason=TOKENIZER_IMPORTS_TORCH_REASON)
 def test_the_launcher_start_up_path_does_not_import_torch(tiny_checkpoint) -> None:
     """Config resolution, tokenizer load and the HTTP app's modules, as launch_server runs them."""
     code = textwrap.dedent("""
