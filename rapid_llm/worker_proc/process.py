@@ -11,7 +11,7 @@ asynchronous device to overlap with (the step has finished when `launch` returns
 result back would only delay the scheduler, so each result is sent at once.
 With tensor parallelism each rank first joins the torch.distributed group (rank r on cuda:r, or the CPU with
 the host's threads split between ranks); the ranks agree on the smallest KV-cache block count, which rank 0
-reports to the scheduler.
+reports to the scheduler. `RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 import torch
 import zmq
@@ -29,11 +30,12 @@ from rapid_llm.distributed import tp_min
 from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
 from rapid_llm.distributed.collective_timer import collective_totals
 from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
-from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, WorkerFailed, WorkerReady
+from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, StepPlan, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 from rapid_llm.worker_proc.cpu_threads import choose_cpu_threads
 from rapid_llm.worker_proc.model_runner import ModelRunner
+from rapid_llm.worker_proc.step_profiler import step_profiler_from_env
 from rapid_llm.worker_proc.worker import PendingResult, Worker
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
     world_size = config.parallel.world_size
     try:
         parallel = config.parallel
+        replica = parallel.data_parallel_rank if parallel.data_parallel_size > 1 else None
+        profiler = step_profiler_from_env(rank, replica)  # first: a bad variable fails before the model loads
         init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank))
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
@@ -88,19 +92,27 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
             context.destroy(linger=0)
             leave_worker_group()
             return
-        try:
-            launched = worker.launch(message)
-        except Exception as error:
-            logger.exception("worker rank %d failed in step %d", rank, message.step_id)
-            if results is not None:
-                results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
-            sys.exit(1)
-        if pending is not None:
-            _send(results, worker, pending, rank)
-        pending = launched
-        if not (overlap and worker.can_overlap):
-            _send(results, worker, pending, rank)
-            pending = None
+        if profiler is None:
+            pending = _execute(results, worker, message, pending, overlap, rank)
+        else:
+            with profiler.step():
+                pending = _execute(results, worker, message, pending, overlap, rank)
+
+
+def _execute(results: Sender | None, worker: Worker, plan: StepPlan, pending: PendingResult | None, overlap: bool,
+             rank: int) -> PendingResult | None:
+    """Launch the plan, then send the pending step's result, and this one's unless it may stay pending
+    (returned) while the next plan is launched; a failure to launch ends the worker."""
+    try:
+        launched = worker.launch(plan)
+    except Exception as error:
+        _fail(results, rank, plan.step_id, error)
+    if pending is not None:
+        _send(results, worker, pending, rank)
+    if overlap and worker.can_overlap:
+        return launched
+    _send(results, worker, launched, rank)
+    return None
 
 
 def _send(results: Sender | None, worker: Worker, pending: PendingResult, rank: int) -> None:
@@ -108,10 +120,15 @@ def _send(results: Sender | None, worker: Worker, pending: PendingResult, rank: 
     try:
         result = worker.finish(pending)
     except Exception as error:
-        logger.exception("worker rank %d failed in step %d", rank, pending.step_id)
-        if results is not None:
-            results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
-        sys.exit(1)
+        _fail(results, rank, pending.step_id, error)
     if results is not None:
         result.collective_seconds, result.collective_calls = collective_totals()
         results.send(result)
+
+
+def _fail(results: Sender | None, rank: int, step_id: int, error: Exception) -> NoReturn:
+    """Log the step's exception (called inside its handler), tell the scheduler (rank 0) and end the worker."""
+    logger.exception("worker rank %d failed in step %d", rank, step_id)
+    if results is not None:
+        results.send(WorkerFailed(error=f"{type(error).__name__}: {error}"))
+    sys.exit(1)
