@@ -217,6 +217,23 @@ def train_byte_level_bpe(texts: Iterable[str], out_dir: str | os.PathLike, vocab
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return _save_hf_tokenizer(tokenizer, out_dir, chat_template, model_max_length)
+
+
+def build_word_tokenizer(out_dir: str | os.PathLike, vocab_size: int,
+                         model_max_length: int = MAX_POSITION_EMBEDDINGS) -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer as large as a real model's vocabulary: the special tokens, then one word per id ("w5" ..),
+    split on whitespace. For random checkpoints of a real model's shape (benchmarks/gpu_check.sh): every
+    sampled id decodes to text, and decoded text encodes back to the same ids."""
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update((f"w{i}", i) for i in range(len(SPECIAL_TOKENS), vocab_size))
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=PAD_TOKEN))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return _save_hf_tokenizer(tokenizer, out_dir, CHAT_TEMPLATE, model_max_length)
+
+
+def _save_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike, chat_template: str,
+                       model_max_length: int) -> transformers.PreTrainedTokenizerFast:
     hf_tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,

@@ -17,6 +17,7 @@ from rapid_llm.utils.tiny_checkpoint import (
     VOCAB_SIZE,
     build_tiny_checkpoint,
     build_tokenizer,
+    build_word_tokenizer,
     tiny_config,
 )
 
@@ -144,6 +145,17 @@ def test_tokenizer_round_trips_and_reloads(tmp_path):
     assert tokenizer.decode(ids) == UNICODE_TEXT
     # Merges learnt from the corpus must actually compress English text.
     assert len(tokenizer.encode("The server reads the request.")) < len("The server reads the request.") // 2
+
+
+def test_word_tokenizer_covers_a_real_vocabulary_and_round_trips(tmp_path):
+    build_word_tokenizer(tmp_path, 128256)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 128256
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (
+        BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID)
+    ids = [5, 77, 128255, 1000]
+    assert [tokenizer.decode([i]) for i in ids] == ["w5", "w77", "w128255", "w1000"]  # every id is text
+    assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
 
 
 def test_chat_template(tmp_path):
