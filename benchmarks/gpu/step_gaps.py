@@ -7,7 +7,8 @@ the GPU's busy time, the holes in it its idle gaps, and the window runs from the
 end of the last step or device event. A device event belongs to the step whose range holds its launch (the host
 event with the same correlation id), so per step the report gives the gap from the last device event of the step
 before (that had any) to this step's first: near zero when host scheduling hides behind the GPU, about the
-host's step time when it does not. Times are microseconds, percentiles nearest-rank. A CPU-only trace has no
+host's step time when it does not; `top_device_work` names where the GPU's time goes (per step, by event
+name). Times are microseconds, percentiles nearest-rank. A CPU-only trace has no
 device events: the report says so and gives the steps' host durations only. Key design choice: standard library
 only, so it runs wherever the trace is (report.py reads its --json output).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import gzip
 import json
 import math
@@ -24,6 +26,7 @@ from typing import Any
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_RANGE = "worker_step"  # written by rapid_llm/worker_proc/step_profiler.py
+TOP_DEVICE_WORK = 15
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
@@ -96,7 +99,18 @@ def analyse(events: list[dict[str, Any]]) -> dict[str, Any]:
     step_gaps = [row["gap_before_us"] for row in per_step if row["gap_before_us"] is not None]
     return report | {"device_events_outside_steps": len(device) - sum(map(len, owned)), "gpu_busy_us": busy_us,
                      "gpu_idle_fraction": 1 - busy_us / report["window_us"], **stats("idle_gap", idle_gaps),
-                     **stats("step_gap", step_gaps), "per_step": per_step}
+                     **stats("step_gap", step_gaps), "top_device_work": top_device_work(device, len(steps)),
+                     "per_step": per_step}
+
+
+def top_device_work(device: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """The device events' names with the most time: microseconds and events per step, most first."""
+    time_us, calls = collections.Counter(), collections.Counter()
+    for event in device:
+        time_us[event["name"]] += event["dur"]
+        calls[event["name"]] += 1
+    return [{"name": name, "us_per_step": total / steps, "events_per_step": calls[name] / steps}
+            for name, total in time_us.most_common(TOP_DEVICE_WORK)]
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -105,5 +105,7 @@ def test_step_gaps_on_a_device_trace(tmp_path: Path) -> None:
     assert (report["step_gap_count"], report["step_gap_sum_us"], report["step_gap_p50_us"],
             report["step_gap_p90_us"], report["step_gap_max_us"]) == (2, 150, 70, 80, 80)
     assert (report["cpu_step_sum_us"], report["cpu_step_p50_us"]) == (250, 100)
+    assert report["top_device_work"][:2] == [{"name": "k3", "us_per_step": 50 / 3, "events_per_step": 1 / 3},
+                                             {"name": "copy", "us_per_step": 40 / 3, "events_per_step": 1 / 3}]
     printed = step_gaps.summary(report)
     assert printed.startswith("3 steps over 350 us") and "idle 55.7%; 3 idle gaps, sum 145 us" in printed
