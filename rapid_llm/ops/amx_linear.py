@@ -14,15 +14,28 @@ from __future__ import annotations
 import torch
 
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
+from rapid_llm.ops.cpp.jit import cpu_features
 from rapid_llm.ops.linear_kernel import LinearKernel
 from rapid_llm.ops.onednn_linear import ONEDNN_LINEAR
+
+# The kernel's code is built only where the compiler targets all three (csrc/amx_linear.cpp).
+AMX_KERNEL_FLAGS = ("amx_tile", "amx_bf16", "avx512_bf16")
+
+
+def missing_amx_flags(features: str) -> list[str]:
+    """Which of AMX_KERNEL_FLAGS a /proc/cpuinfo flags line lacks."""
+    present = set(features.split())
+    return [flag for flag in AMX_KERNEL_FLAGS if flag not in present]
 
 
 def amx_missing(device_type: str, dtype: str) -> str | None:
     """The `available` condition: the extension builds here and this CPU and kernel run its AMX code."""
     reason = CPU_OPS.skip_reason()
     if reason is None and not CPU_OPS.load().amx_linear_supported():
-        reason = "this CPU has no AMX-BF16 / AVX512-BF16 (or the OS refuses AMX tile state)"
+        missing = missing_amx_flags(cpu_features())
+        reason = (f"this CPU lacks {' and '.join(missing)} (the kernel needs {', '.join(AMX_KERNEL_FLAGS)})"
+                  if missing else "the OS refuses this process AMX tile state (the CPU has every flag the "
+                  "kernel needs)")
     return reason
 
 

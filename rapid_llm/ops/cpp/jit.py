@@ -45,7 +45,7 @@ def cache_root() -> Path:
 
 
 @functools.cache
-def _cpu_features() -> str:
+def cpu_features() -> str:
     """The CPU's feature flags (Linux /proc/cpuinfo), else the best description the platform gives."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -74,7 +74,7 @@ class JitExtension:
             digest.update((SOURCE_DIR / source).read_bytes())
         compiler = shutil.which(os.environ.get("CXX", "c++")) or ""
         for part in (self.cflags, self.ldflags, self.cuda_cflags, compiler, torch.__version__, sys.version,
-                     _cpu_features(), torch.version.cuda or ""):
+                     cpu_features(), torch.version.cuda or ""):
             digest.update(repr(part).encode())
         return cache_root() / f"{self.name}-{digest.hexdigest()[:16]}"
 
