@@ -20,6 +20,8 @@ import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rapid_llm", "torch", "triton", "transformers")
+# The CPU features the CPU kernels choose by: every result says which of them its machine had.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
 def fetch_server_info(base_url: str, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
@@ -38,7 +40,7 @@ def collect_environment(server_info: dict[str, Any] | None) -> dict[str, Any]:
         "versions": {"python": platform.python_version(), **{name: _version(name) for name in PACKAGES}},
         "git_commit": _git_commit(),
         "platform": platform.platform(),
-        "cpu": {"model": _cpu_model(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
+        "cpu": {**_cpu_model_and_flags(), "count": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
         "gpus": _gpus(),
         "server_info": server_info,
     }
@@ -70,16 +72,21 @@ def _git_commit() -> str | None:
     return f"{commit}-dirty" if status else commit
 
 
-def _cpu_model() -> str | None:
+def _cpu_model_and_flags() -> dict[str, Any]:
+    """The CPU's model name and which of CPU_FLAGS it has (None where /proc/cpuinfo does not say)."""
+    model, flags = None, None
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or None
+        cpuinfo = ""
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return platform.processor() or None
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() == "flags" and flags is None:
+            present = set(value.split())
+            flags = [flag for flag in CPU_FLAGS if flag in present]
+    return {"model": model or platform.processor() or None, "flags": flags}
 
 
 def _gpus() -> list[dict[str, Any]]:

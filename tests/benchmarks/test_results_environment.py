@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common.args import add_result_args
-from benchmarks.common.environment import collect_environment, fetch_server_info
+from benchmarks.common.environment import CPU_FLAGS, collect_environment, fetch_server_info
 from benchmarks.common.results import save_result
 
 RESULT = {"completed": 2, "latencies": [0.1, 0.2], "ttfts": [0.01, 0.02], "errors": ["", ""], "itls": [[], []]}
@@ -44,6 +44,9 @@ def test_environment_block() -> None:
     assert env["versions"]["transformers"]
     assert env["versions"]["rapid_llm"]
     assert env["cpu"]["count"] >= 1
+    if Path("/proc/cpuinfo").exists():  # Linux: the flags the CPU kernels choose by, those present
+        assert set(env["cpu"]["flags"]) <= set(CPU_FLAGS)
+        assert ("avx2" in env["cpu"]["flags"]) == (" avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " "))
     assert isinstance(env["gpus"], list)
     assert json.loads(json.dumps(env)) == env
 
