@@ -11,6 +11,7 @@ from rapid_llm.config.dtypes import dtype_from_name
 from rapid_llm.ops.activation import silu_and_mul as reference
 from rapid_llm.ops.cpp import cuda_activation
 from rapid_llm.ops.registry import REGISTRY, NoImplementationError
+from tests.op_pins import pinned_backends
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
@@ -30,11 +31,8 @@ def test_matches_torch_ref_on_cuda(dtype: str, tokens: int) -> None:
     x = torch.randn(tokens, 2 * 40, dtype=dtype_from_name(dtype), device="cuda")
     # Triton's kernel ranks above it (priority 20 vs 10); --op-backend silu_and_mul=cuda_cpp selects it.
     assert REGISTRY.select("silu_and_mul", x.device, x.dtype).backend == "triton"
-    REGISTRY.set_overrides({"silu_and_mul": "cuda_cpp"})
-    try:
+    with pinned_backends({"silu_and_mul": "cuda_cpp"}):
         assert REGISTRY.select("silu_and_mul", x.device, x.dtype).backend == "cuda_cpp"
         torch.testing.assert_close(ops.silu_and_mul(x), reference(x))
-    finally:
-        REGISTRY.set_overrides({})
     strided = x.view(1, tokens, 80)[:, :, :60]  # 3-D, non-contiguous rows
     torch.testing.assert_close(cuda_activation.silu_and_mul(strided), reference(strided))

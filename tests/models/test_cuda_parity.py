@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
-from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import bf16_reference_fault, hf_greedy, hf_logits, hf_model
 from tests.models.paged_generation import generate, prefill_logits
+from tests.op_pins import pinned_backends
 
 NEW_TOKENS = 32
 DEVICE = "cuda"
@@ -42,11 +42,8 @@ def test_greedy_decode_matches_transformers_on_cuda(tiny_checkpoint, architectur
 @pytest.mark.gpu
 @pytest.mark.parametrize("architecture", MOE_ARCHITECTURES)
 def test_bf16_with_reference_experts_on_cuda(tiny_checkpoint, architecture: str) -> None:
-    REGISTRY.set_overrides({"fused_moe": "torch_ref"})
-    try:
+    with pinned_backends({"fused_moe": "torch_ref"}):
         _assert_bf16_within_transformers_error(tiny_checkpoint(architecture, dtype=torch.bfloat16))
-    finally:
-        REGISTRY.set_overrides({})
 
 
 def _generate(checkpoint) -> tuple[ModelRunner, list[list[int]], list]:

@@ -19,7 +19,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from rapid_llm.layers.moe import RouterConfig, SparseMoeBlock
 from rapid_llm.model_loader.loader import default_dtype
-from rapid_llm.ops import REGISTRY
+from tests.op_pins import pinned_backends
 
 HIDDEN, INTERMEDIATE, SHARED, EXPERTS, TOKENS = 32, 24, 40, 8, 17
 TOLERANCES = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
@@ -71,9 +71,8 @@ def _eager(config: transformers.PretrainedConfig) -> transformers.PretrainedConf
 @pytest.fixture(autouse=True)
 def reference_linear() -> Iterator[None]:
     """Both sides' GEMMs as F.linear: a bf16 router logit computed another way could flip an expert choice."""
-    REGISTRY.set_overrides({"linear": "torch_ref"})
-    yield
-    REGISTRY.set_overrides({})
+    with pinned_backends({"linear": "torch_ref"}):
+        yield
 
 
 @torch.no_grad()
