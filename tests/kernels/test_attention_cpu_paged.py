@@ -88,8 +88,9 @@ def test_strided_query_rows() -> None:
 @pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 64)])
 def test_chunks_up_to_the_dtypes_limit_take_the_kernel(dtype: torch.dtype, head_dim: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel computes every chunk of at most `kernel_query_limit` new tokens (16 with the AVX-512 BF16
-    kernel, 4 otherwise); longer ones go to padded SDPA; each stays exact."""
+    """The paged kernel computes every chunk of at most `kernel_query_limit` new tokens (16 with the AVX-512
+    BF16 kernel, 4 otherwise); longer ones go to the tiled prefill kernel (bf16, its head dims, AVX-512 BF16)
+    or else to padded SDPA; each stays exact."""
     padded_seqs = []
     real = cpu_paged.attend_padded_group
 
@@ -99,6 +100,7 @@ def test_chunks_up_to_the_dtypes_limit_take_the_kernel(dtype: torch.dtype, head_
 
     monkeypatch.setattr(cpu_paged, "attend_padded_group", spy)
     fast = dtype == torch.bfloat16 and head_dim == 64 and cpu_paged.CPU_OPS.load().paged_attention_bf16_kernel()
+    tiled = dtype == torch.bfloat16 and head_dim in cpu_paged.CPU_OPS.load().prefill_attention_head_dims()
     limit = cpu_paged.MAX_BF16_KERNEL_QUERY_LEN if fast else cpu_paged.MAX_KERNEL_QUERY_LEN
     torch.manual_seed(4)
     shapes = [(40, 1), (30, 4), (20, 5), (25, 16), (10, 17)]
@@ -106,8 +108,10 @@ def test_chunks_up_to_the_dtypes_limit_take_the_kernel(dtype: torch.dtype, head_
                                     block_size=16, dtype=dtype)
     tolerance = TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp32"]
     torch.testing.assert_close(output.float(), naive, atol=tolerance, rtol=tolerance)
-    # run_mixed_batch's first call fills the context (one 40-token+ prefill group); the second is the step.
-    assert padded_seqs[-1] == sum(new > limit for _, new in shapes)
+    if tiled:
+        assert padded_seqs == []
+    else:  # run_mixed_batch's first call fills the context (one prefill group); the second is the step.
+        assert padded_seqs[-1] == sum(new > limit for _, new in shapes)
 
 
 @pytest.mark.usefixtures("kernel_query_len")

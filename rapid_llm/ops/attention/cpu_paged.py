@@ -4,9 +4,11 @@ The kernel (`ops/cpp/csrc/paged_attention.cpp`) walks each sequence's block tabl
 and padding its history as torch_ref does, computes an fp32 online softmax per (token, kv head), and
 splits long key ranges when there are too few items for the threads (merged by log-sum-exp). It takes
 the sequences with few new tokens (decodes, verification steps, short extends; `kernel_query_limit`: more
-with the AVX-512 BF16 kernel); longer prefill chunks go to torch_ref's `attend_padded_group` (CPU flash
-attention, GEMM-based: 3-7x faster there, measured at 128-512 tokens). Metadata is the common one; the two
-partitions are built at the step's first layer, which knows the dtypes that set the limit. The extension is
+with the AVX-512 BF16 kernel). Longer prefill chunks go to the tiled prefill kernel
+(`csrc/prefill_attention.cpp`: query tiles x key tiles, the causal triangle only) where the CPU has AVX-512
+BF16 and the query is bf16, else to torch_ref's `attend_padded_group` (PyTorch's CPU flash attention over
+a padded, masked rectangle). Metadata is the common one; the partitions are built at the step's first
+layer, which knows the dtypes that choose the kernels. The extension is
 compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible the registry skips this
 backend with the reason (`skip_reason`, the catalog's `available` condition).
 It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the
@@ -41,13 +43,26 @@ class CpuPagedMetadata(AttentionMetadata):
     query_lens: tuple[int, ...] = ()
     block_size: int = 16
     kernel_limit: int = 0  # the query-length limit the partition below was built for (0: not built yet)
-    kernel_seq_ids: torch.Tensor | None = None  # [S'] int64, the sequences the C++ kernel computes
+    tiled_prefill: bool = False  # whether the partition sent the longer chunks to the tiled prefill kernel
+    kernel_seq_ids: torch.Tensor | None = None  # [S'] int64, the sequences the paged kernel computes
+    tiled_seq_ids: torch.Tensor | None = None  # [S'] int64, the longer chunks for the tiled prefill kernel
     prefill_group: PaddedGroup | None = None  # the longer chunks, for scaled_dot_product_attention
 
 
 @cache
 def _bf16_kernel_built() -> bool:
     return CPU_OPS.load().paged_attention_bf16_kernel()
+
+
+@cache
+def _tiled_prefill_head_dims() -> tuple[int, ...]:
+    return tuple(CPU_OPS.load().prefill_attention_head_dims())
+
+
+def takes_tiled_prefill(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the tiled prefill kernel computes this layer's long chunks (bf16 query, bf16 or fp8 cache)."""
+    return (query.dtype == torch.bfloat16 and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn)
+            and query.shape[-1] in _tiled_prefill_head_dims())
 
 
 def kernel_query_limit(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
@@ -66,14 +81,17 @@ class CpuPagedBackend(AttentionBackend):
                                 block_size=layout.block_size)
 
     @staticmethod
-    def _partition(metadata: CpuPagedMetadata, limit: int) -> None:
+    def _partition(metadata: CpuPagedMetadata, limit: int, tiled_prefill: bool) -> None:
         short = [i for i, length in enumerate(metadata.query_lens) if length <= limit]
         long = [i for i, length in enumerate(metadata.query_lens) if length > limit]
         device = metadata.seq_lens.device
         metadata.kernel_seq_ids = torch.tensor(short, dtype=torch.int64, device=device) if short else None
-        metadata.prefill_group = (build_padded_group(metadata, torch.tensor(long, dtype=torch.int64, device=device),
-                                                     metadata.block_size) if long else None)
+        long_ids = torch.tensor(long, dtype=torch.int64, device=device) if long else None
+        metadata.tiled_seq_ids = long_ids if tiled_prefill else None
+        metadata.prefill_group = (build_padded_group(metadata, long_ids, metadata.block_size)
+                                  if long_ids is not None and not tiled_prefill else None)
         metadata.kernel_limit = limit
+        metadata.tiled_prefill = tiled_prefill
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuPagedMetadata, scale: float, sliding_window: int | None,
@@ -83,14 +101,15 @@ class CpuPagedBackend(AttentionBackend):
             write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, scales)
         else:
             ops.kv_cache_store(key, value, kv_cache, metadata.slot_mapping)
-        limit = kernel_query_limit(query, kv_cache)
-        if metadata.kernel_limit != limit:
-            self._partition(metadata, limit)
+        limit, tiled_prefill = kernel_query_limit(query, kv_cache), takes_tiled_prefill(query, kv_cache)
+        if metadata.kernel_limit != limit or metadata.tiled_prefill != tiled_prefill:
+            self._partition(metadata, limit, tiled_prefill)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if metadata.kernel_seq_ids is not None:
-            CPU_OPS.load().paged_attention(output, query, kv_cache, metadata.query_start_loc, metadata.seq_lens,
-                                           metadata.block_tables, metadata.kernel_seq_ids, scale,
-                                           sliding_window or 0, scales.k_scale, scales.v_scale)
+        for kernel, seq_ids in ((CPU_OPS.load().paged_attention, metadata.kernel_seq_ids),
+                                (CPU_OPS.load().prefill_attention, metadata.tiled_seq_ids)):
+            if seq_ids is not None:
+                kernel(output, query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
+                       seq_ids, scale, sliding_window or 0, scales.k_scale, scales.v_scale)
         if metadata.prefill_group is not None:
             attend_padded_group(output, query, kv_cache, metadata.prefill_group, scale, sliding_window, kv_scales)
         return output

@@ -1,6 +1,6 @@
-// The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, fused_elementwise.cpp,
-// kv_cache_store.cpp, amx_linear.cpp, amx_moe.cpp and token_bitmask.cpp (one module, so one build and one
-// load serve every CPU op).
+// The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
+// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, amx_moe.cpp and token_bitmask.cpp (one module,
+// so one build and one load serve every CPU op).
 #include <torch/extension.h>
 
 #include <vector>
@@ -10,6 +10,11 @@ void paged_attention(torch::Tensor output, const torch::Tensor& query, const tor
                      const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
                      int64_t sliding_window, double k_scale, double v_scale);
 bool paged_attention_bf16_kernel();
+void prefill_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
+                       const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                       const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+                       int64_t sliding_window, double k_scale, double v_scale);
+std::vector<int64_t> prefill_attention_head_dims();
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
                                               const torch::Tensor& weight, double eps);
@@ -30,6 +35,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
   module.def("paged_attention_bf16_kernel", &paged_attention_bf16_kernel,
              "Whether paged_attention has its AVX-512 BF16 kernel (bf16 query and cache, head_dim 32/64/128/256)");
+  module.def("prefill_attention", &prefill_attention,
+             "Tiled causal attention for long prompt chunks over the paged KV cache (CPU, AVX-512 BF16)");
+  module.def("prefill_attention_head_dims", &prefill_attention_head_dims,
+             "The head dims prefill_attention computes here (none without AVX-512 BF16)");
   module.def("rms_norm", &rms_norm, "RMSNorm of each row");
   module.def("fused_add_rms_norm", &fused_add_rms_norm, "(rms_norm(x + residual), x + residual)");
   module.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of [rows, 2 * width]");

@@ -156,18 +156,7 @@ template <typename T, typename C>
 void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor& kv_cache,
          const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, const torch::Tensor& block_tables,
          const torch::Tensor& seq_ids, double scale, int64_t sliding_window, float k_scale, float v_scale) {
-  Layout L;
-  L.num_heads = query.size(1);
-  L.num_kv_heads = kv_cache.size(3);
-  L.head_dim = query.size(2);
-  L.block_size = kv_cache.size(2);
-  L.group = L.num_heads / L.num_kv_heads;
-  L.q_token_stride = query.stride(0);
-  L.q_head_stride = query.stride(1);
-  L.cache_kv_stride = kv_cache.stride(0);
-  L.cache_block_stride = kv_cache.stride(1);
-  L.cache_slot_stride = kv_cache.stride(2);
-  L.cache_head_stride = kv_cache.stride(3);
+  const Layout L = paged_kernels::layout_of(query, kv_cache);
   const int64_t D = L.head_dim, G = L.group;
   const int num_threads = at::get_num_threads();
   int64_t num_partials = 0;
@@ -259,27 +248,12 @@ void paged_attention(torch::Tensor output, const torch::Tensor& query, const tor
                      const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                      const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
                      int64_t sliding_window, double k_scale, double v_scale) {
-  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "paged_attention: CPU tensors only");
-  TORCH_CHECK(query.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
-              "paged_attention: query [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D] expected");
+  paged_kernels::check_paged_arguments("paged_attention", output, query, kv_cache, query_start_loc, seq_lens,
+                                       block_tables, seq_ids, k_scale, v_scale);
   const bool fp8_cache = kv_cache.scalar_type() == at::kFloat8_e4m3fn;
   TORCH_CHECK((fp8_cache || query.scalar_type() == kv_cache.scalar_type()) &&
                   output.scalar_type() == query.scalar_type(),
               "paged_attention: query and output must share one dtype, and kv_cache it or float8_e4m3fn");
-  TORCH_CHECK(fp8_cache || (k_scale == 1.0 && v_scale == 1.0), "paged_attention: scales apply to an fp8 cache only");
-  TORCH_CHECK(query.stride(2) == 1 && kv_cache.stride(4) == 1 && output.is_contiguous(),
-              "paged_attention: the head dimension must be contiguous");
-  TORCH_CHECK(query.size(2) == kv_cache.size(4) && query.size(1) % kv_cache.size(3) == 0,
-              "paged_attention: head_dim must match and query heads be a multiple of kv heads");
-  for (const torch::Tensor* index : {&query_start_loc, &seq_lens, &block_tables, &seq_ids})
-    TORCH_CHECK(index->scalar_type() == torch::kInt64 && index->device().is_cpu() &&
-                    (index->dim() == 1 ? index->is_contiguous() : index->stride(1) == 1),
-                "paged_attention: metadata must be int64 CPU tensors");
-  TORCH_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),
-              "paged_attention: metadata sizes disagree");
-  const int64_t* ids = seq_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < seq_ids.size(0); ++i)
-    TORCH_CHECK(0 <= ids[i] && ids[i] < seq_lens.size(0), "paged_attention: seq_ids out of range");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     if (fp8_cache)
       run<scalar_t, c10::Float8_e4m3fn>(output, query, kv_cache, query_start_loc, seq_lens, block_tables, seq_ids,
