@@ -27,7 +27,7 @@ from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.server_args import ServerArgs
-from rapid_llm.worker_proc.cpu_threads import choose_cpu_threads
+from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.worker import Worker
 
@@ -107,7 +107,8 @@ def main() -> None:
     parser.add_argument("--prefix-caching", nargs="+", choices=["on", "off"], default=["off"])
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 256])
     parser.add_argument("--decodes", type=int, nargs="+", default=[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=[0], help="0: the server's thread rule")
+    parser.add_argument("--threads", type=int, nargs="+", default=[0],
+                        help="0: the server's per-step thread rule (worker_proc/cpu_threads.py)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="Also split the last repeat's op time.")
     parser.add_argument("--top-ops", type=int, default=0, help="Print the N ops with the most self time.")
@@ -127,14 +128,17 @@ def main() -> None:
         for threads in args.threads:
             for decodes in args.decodes:
                 for (budget, caching), engine in engines.items():
-                    chosen = threads or choose_cpu_threads(engine.runner.model, available)[0]
-                    torch.set_num_threads(chosen)
+                    policy = (CpuThreadPolicy(threads, threads) if threads
+                              else cpu_thread_policy(engine.runner.model, available)[0])
+                    engine.worker.thread_policy = policy
                     seed += 1
                     profiling = args.profile and repeat == args.repeats - 1
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling \
                             else contextlib.nullcontext() as profile:
                         result = run_once(engine, args.prompt_len, args.prompts, decodes, seed, vocab)
-                    record = {"repeat": repeat, "threads": chosen, "decodes": decodes, "budget": budget,
+                    record = {"repeat": repeat, "threads": threads or "server rule",
+                              "threads_short_steps": policy.short_step_threads,
+                              "threads_long_steps": policy.long_step_threads, "decodes": decodes, "budget": budget,
                               "prefix_caching": caching,
                               "prefill_ms": round(1000 * result["prefill_s"], 1), "steps": result["steps"]}
                     if profiling:

@@ -33,7 +33,7 @@ from rapid_llm.distributed.process_group import init_worker_group, leave_worker_
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, StepPlan, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
-from rapid_llm.worker_proc.cpu_threads import choose_cpu_threads
+from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.step_profiler import step_profiler_from_env
 from rapid_llm.worker_proc.worker import PendingResult, Worker
@@ -54,13 +54,14 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                                  max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation,
                                  speculative=config.scheduler.speculative)
-        cpu_threads = None
+        thread_policy: CpuThreadPolicy | None = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.
             share = max(1, torch.get_num_threads() // (len(parallel.local_ranks) * parallel.data_parallel_size))
-            cpu_threads, reason = choose_cpu_threads(runner.model, share)
-            torch.set_num_threads(cpu_threads)
-            logger.info("CPU threads: %d (%s)", cpu_threads, reason)
+            thread_policy, reason = cpu_thread_policy(runner.model, share)
+            thread_policy.apply(0)
+            logger.info("CPU threads: %d, %d for long steps (%s)", thread_policy.short_step_threads,
+                        thread_policy.long_step_threads, reason)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
@@ -71,12 +72,13 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
                              "ops": runner.op_choices,
-                             "cpu_threads": cpu_threads})
+                             "cpu_threads": thread_policy.short_step_threads if thread_policy else None,
+                             "cpu_threads_long_steps": thread_policy.long_step_threads if thread_policy else None})
     except Exception as error:
         report_failure(ready, error)
         sys.exit(1)
 
-    worker = Worker(runner, config.tokenizer)
+    worker = Worker(runner, config.tokenizer, thread_policy)
     overlap = runner.device.type == "cuda"
     pending: PendingResult | None = None
     while True:

@@ -23,6 +23,7 @@ import msgspec
 from rapid_llm.ipc.messages import NewRequest, ScheduledChunk, SlotFailure, StepPlan, StepResult
 from rapid_llm.structured.compiler import GrammarCompilerPool
 from rapid_llm.structured.manager import StructuredOutputs
+from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy
 from rapid_llm.worker_proc.deferred_output import PendingOutput
 from rapid_llm.worker_proc.model_runner import ModelRunner
 
@@ -55,9 +56,12 @@ class PendingResult:
 
 
 class Worker:
-    def __init__(self, runner: ModelRunner, tokenizer: str | None = None) -> None:
-        """`tokenizer`: the directory structured output builds its vocabulary from (default: the model's)."""
+    def __init__(self, runner: ModelRunner, tokenizer: str | None = None,
+                 thread_policy: CpuThreadPolicy | None = None) -> None:
+        """`tokenizer`: the directory structured output builds its vocabulary from (default: the model's);
+        `thread_policy`: the CPU thread count for each step by its token count (None: left as it is)."""
         self.runner = runner
+        self.thread_policy = thread_policy
         model = runner.model_config
         self.structured = StructuredOutputs(GrammarCompilerPool(
             tokenizer or model.model, model.vocab_size, model.eos_token_ids, model.trust_remote_code))
@@ -87,6 +91,9 @@ class Worker:
             failures=[*result.failures, *self._fail_slots(rejected)])
 
     def launch(self, plan: StepPlan) -> PendingResult:
+        if self.thread_policy is not None:
+            self.thread_policy.apply(sum(chunk.num_new_tokens for chunk in plan.scheduled),
+                                     sum(chunk.num_computed_tokens + chunk.num_new_tokens for chunk in plan.scheduled))
         for rollback in plan.rollbacks:
             self.runner.input_batch.rollback(rollback.slot, rollback.num_tokens, rollback.num_blocks)
         self.runner.release(plan.released_slots)
