@@ -39,7 +39,12 @@ def amx_missing(device_type: str, dtype: str) -> str | None:
     return reason
 
 
-class AMXLinear(LinearKernel):
+class PackedLinear(LinearKernel):
+    """A C++ kernel of the CPU extension over amx_pack_weight's layout, by name: amx_linear, avx512_linear."""
+
+    def __init__(self, kernel: str) -> None:
+        self.kernel = kernel
+
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
         out_features, in_features = weight.shape
         if out_features % 32 or in_features % 32:
@@ -49,11 +54,12 @@ class AMXLinear(LinearKernel):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if weight.dim() != 3:  # oneDNN's format, or a checkpoint-layout weight (F.linear)
             return ONEDNN_LINEAR(x, weight, bias)
+        kernel = getattr(CPU_OPS.load(), self.kernel)
         if x.dim() == 2 and x.is_contiguous():  # the hot path's activations: no reshape and view back
-            return CPU_OPS.load().amx_linear(x, weight, bias)
+            return kernel(x, weight, bias)
         rows = x.reshape(-1, x.shape[-1])
-        out = CPU_OPS.load().amx_linear(rows if rows.is_contiguous() else rows.contiguous(), weight, bias)
+        out = kernel(rows if rows.is_contiguous() else rows.contiguous(), weight, bias)
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-AMX_LINEAR = AMXLinear()
+AMX_LINEAR = PackedLinear("amx_linear")

@@ -22,6 +22,9 @@ register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary
 register_op(name="linear", backend=REFERENCE, fn="rapid_llm.ops.linear_kernel:TORCH_LINEAR")
 register_op(name="linear", backend="cpu_amx", fn="rapid_llm.ops.amx_linear:AMX_LINEAR", priority=30,
             conditions={"device": "cpu", "dtype": ["bf16"], "available": "rapid_llm.ops.amx_linear:amx_missing"})
+register_op(name="linear", backend="cpu_avx512", fn="rapid_llm.ops.avx512_linear:AVX512_LINEAR", priority=25,
+            conditions={"device": "cpu", "dtype": ["bf16"],
+                        "available": "rapid_llm.ops.avx512_linear:avx512_missing"})
 register_op(name="linear", backend="onednn", fn="rapid_llm.ops.onednn_linear:ONEDNN_LINEAR", priority=20,
             conditions={"device": "cpu", "dtype": ["bf16", "fp16"],
                         "available": "rapid_llm.ops.onednn_linear:onednn_half_kernels_missing"})

@@ -10,6 +10,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "packed_weight.h"
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -23,17 +25,9 @@
 
 namespace {
 
-constexpr int64_t kOutputsPerBlock = 16;  // one AVX-512 fp32 vector, one AMX tile's columns
-constexpr int64_t kInputsPerStep = 32;    // one AMX tile's depth (16 input pairs)
+using packed_weight::kInputsPerStep;
+using packed_weight::kOutputsPerBlock;
 constexpr int64_t kRowsPerTile = 16;
-
-// Exactly the shapes amx_pack_weight makes: the tile loops step 32 outputs and 32 inputs at a time.
-void check_packed(const torch::Tensor& packed) {
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kOutputsPerBlock && packed.scalar_type() == at::kBFloat16 &&
-                  packed.is_contiguous() && packed.device().is_cpu() && packed.size(0) % 2 == 0 &&
-                  packed.size(1) % (kInputsPerStep / 2) == 0,
-              "amx_linear: the weight must come from amx_pack_weight");
-}
 
 #ifdef RAPID_LLM_HAS_AMX
 
@@ -217,24 +211,14 @@ torch::Tensor amx_pack_weight(const torch::Tensor& weight) {
 }
 
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
-  check_packed(packed);
-  const int64_t K = packed.size(1) * 2, N = packed.size(0) * kOutputsPerBlock;
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
-                  x.device().is_cpu(),
-              "amx_linear: x must be contiguous CPU bf16 [rows, ", K, "]");
-  TORCH_CHECK(!bias.has_value() || !bias->defined() || (bias->dim() == 1 && bias->numel() == N),
-              "amx_linear: the bias must be [", N, "]");
-  const int64_t M = x.size(0);
+  const packed_weight::Call call = packed_weight::check_call("amx_linear", x, packed, bias);
+  const int64_t M = call.M, K = call.K, N = call.N;
   auto out = torch::empty({M, N}, x.options());
   if (M == 0) return out;  // an empty tile configuration would fault
 #ifdef RAPID_LLM_HAS_AMX
   TORCH_CHECK(tile_state_granted(), "amx_linear: the kernel did not grant this process AMX tile state");
-  torch::Tensor bias_fp32;
-  const float* bias_data = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    bias_fp32 = bias->to(at::kFloat).contiguous();
-    bias_data = bias_fp32.data_ptr<float>();
-  }
+  const torch::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
+  const float* bias_data = bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr;
   const auto* x_data = x.data_ptr<at::BFloat16>();
   const auto* weight = packed.data_ptr<at::BFloat16>();
   auto* out_data = out.data_ptr<at::BFloat16>();

@@ -1,6 +1,6 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
-// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, amx_moe.cpp and token_bitmask.cpp (one module,
-// so one build and one load serve every CPU op).
+// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp and
+// token_bitmask.cpp (one module, so one build and one load serve every CPU op).
 #include <torch/extension.h>
 
 #include <vector>
@@ -27,6 +27,9 @@ void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch:
 bool amx_linear_supported();
 torch::Tensor amx_pack_weight(const torch::Tensor& weight);
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
+bool avx512_linear_supported();
+torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                            const c10::optional<torch::Tensor>& bias);
 torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
                             const torch::Tensor& w13, const torch::Tensor& w2);
 void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask);
@@ -47,6 +50,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("amx_linear_supported", &amx_linear_supported, "Whether amx_linear runs here (AMX built and granted)");
   module.def("amx_pack_weight", &amx_pack_weight, "A bf16 [out, in] weight in amx_linear's layout");
   module.def("amx_linear", &amx_linear, "x W^T + b over an amx_pack_weight weight (bf16)");
+  module.def("avx512_linear_supported", &avx512_linear_supported,
+             "Whether avx512_linear runs here (built for AVX512-BF16)");
+  module.def("avx512_linear", &avx512_linear, "x W^T + b over an amx_pack_weight weight, AVX-512 BF16 (bf16)");
   module.def("apply_token_bitmask", &apply_token_bitmask, "-inf into the float32 logits a grammar bitmask forbids");
   module.def("amx_fused_moe", &amx_fused_moe, "fused_moe over stacked amx_pack_weight experts (bf16)");
 }

@@ -1,0 +1,42 @@
+// What the linear kernels over amx_pack_weight's layout ([N/16][K/2][16][2] bf16) share: its block sizes, the
+// argument checks of a call and the bias widened to fp32 (amx_linear.cpp, avx512_linear.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace packed_weight {
+
+constexpr int64_t kOutputsPerBlock = 16;  // one AVX-512 fp32 vector, one AMX tile's columns
+constexpr int64_t kInputsPerStep = 32;    // one AMX tile's depth (16 input pairs)
+
+// Exactly the shapes amx_pack_weight makes: whole pairs of output blocks, whole 32-input steps.
+inline void check_packed(const char* op, const torch::Tensor& packed) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kOutputsPerBlock && packed.scalar_type() == at::kBFloat16 &&
+                  packed.is_contiguous() && packed.device().is_cpu() && packed.size(0) % 2 == 0 &&
+                  packed.size(1) % (kInputsPerStep / 2) == 0,
+              op, ": the weight must come from amx_pack_weight");
+}
+
+struct Call {
+  int64_t M, K, N;  // x [M, K], out [M, N]
+};
+
+inline Call check_call(const char* op, const torch::Tensor& x, const torch::Tensor& packed,
+                       const c10::optional<torch::Tensor>& bias) {
+  check_packed(op, packed);
+  const int64_t K = packed.size(1) * 2, N = packed.size(0) * kOutputsPerBlock;
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
+                  x.device().is_cpu(),
+              op, ": x must be contiguous CPU bf16 [rows, ", K, "]");
+  TORCH_CHECK(!bias.has_value() || !bias->defined() || (bias->dim() == 1 && bias->numel() == N),
+              op, ": the bias must be [", N, "]");
+  return {x.size(0), K, N};
+}
+
+// The bias as contiguous fp32, or an undefined tensor when there is none.
+inline torch::Tensor bias_as_fp32(const c10::optional<torch::Tensor>& bias) {
+  if (!bias.has_value() || !bias->defined()) return {};
+  return bias->to(at::kFloat).contiguous();
+}
+
+}  // namespace packed_weight
