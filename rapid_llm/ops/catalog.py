@@ -54,6 +54,9 @@ register_op(name="fp4_linear", backend="cpu_table", fn="rapid_llm.ops.fp4_linear
 register_op(name="fused_moe", backend=REFERENCE, fn="rapid_llm.ops.moe:TORCH_MOE")
 register_op(name="fused_moe", backend="cpu_amx", fn="rapid_llm.ops.amx_moe:AMX_MOE", priority=30,
             conditions={"device": "cpu", "dtype": ["bf16"], "available": "rapid_llm.ops.amx_linear:amx_missing"})
+register_op(name="fused_moe", backend="cpu_avx512", fn="rapid_llm.ops.amx_moe:AVX512_MOE", priority=25,
+            conditions={"device": "cpu", "dtype": ["bf16"],
+                        "available": "rapid_llm.ops.avx512_linear:avx512_missing"})
 # quantized_fused_moe(x, topk_weights, topk_ids, w13, w2, w13_scales, w2_scales[, swiglu_limit]): routed experts kept
 # quantized (rapid_llm/quantization/moe_method.py); torch_ref runs fused_moe's loop with fp8_linear / fp4_linear GEMMs.
 register_op(name="quantized_fused_moe", backend=REFERENCE, fn="rapid_llm.ops.quant_moe:quantized_fused_moe")

@@ -21,6 +21,7 @@ from rapid_llm.utils.demo_checkpoint import DEMO_ROOT
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.models.greedy_ties import assert_greedy_equal_up_to_ties, tokens_and_gaps
 from tests.models.paged_generation import generate
+from tests.op_pins import pinned_backends
 
 UNAVAILABLE = skip_reason("cpu", "bfloat16")
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None or 64 not in CPU_OPS.load().prefill_attention_head_dims(),
@@ -40,9 +41,10 @@ def _greedy(cache_dtype: str, tiled: bool, monkeypatch: pytest.MonkeyPatch) -> l
 
     monkeypatch.setattr(cpu_paged, "takes_tiled_prefill", choose)
     checkpoint = DEMO_ROOT / "target"
-    runner = ModelRunner(ModelConfig.from_pretrained(str(checkpoint), dtype="bfloat16"),
-                         CacheConfig(block_size=16, num_blocks=128, cache_dtype=cache_dtype), DeviceConfig("cpu"),
-                         max_num_seqs=4, op_backends={"attention": "cpu_paged"})
+    with pinned_backends({}):  # the runner's pin ends with this test
+        runner = ModelRunner(ModelConfig.from_pretrained(str(checkpoint), dtype="bfloat16"),
+                             CacheConfig(block_size=16, num_blocks=128, cache_dtype=cache_dtype),
+                             DeviceConfig("cpu"), max_num_seqs=4, op_backends={"attention": "cpu_paged"})
     tokens = AutoTokenizer.from_pretrained(str(checkpoint))(HELD_OUT.read_text()[:20000])["input_ids"]
     prompts = [tokens[:400], tokens[1000:1230], tokens[2000:2050]]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)

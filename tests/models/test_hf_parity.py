@@ -14,7 +14,8 @@ import torch
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.ops.amx_linear import amx_missing
-from rapid_llm.ops.amx_moe import AMX_MOE
+from rapid_llm.ops.amx_moe import AMX_MOE, AVX512_MOE
+from rapid_llm.ops.avx512_linear import avx512_missing
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.utils.tiny_checkpoint import SUPPORTED_ARCHITECTURES
 from rapid_llm.worker_proc.model_runner import ModelRunner
@@ -55,17 +56,20 @@ def test_prefill_logits_bfloat16_no_worse_than_transformers(tiny_checkpoint, arc
     _assert_bfloat16_no_worse_than_transformers(tiny_checkpoint(architecture, dtype=torch.bfloat16))
 
 
-@pytest.mark.skipif(amx_missing("cpu", "bfloat16") is not None, reason=f"cpu_amx: {amx_missing('cpu', 'bfloat16')}")
+@pytest.mark.skipif(amx_missing("cpu", "bfloat16") is not None and avx512_missing("cpu", "bfloat16") is not None,
+                    reason=f"cpu_amx: {amx_missing('cpu', 'bfloat16')}; "
+                           f"cpu_avx512: {avx512_missing('cpu', 'bfloat16')}")
 @pytest.mark.parametrize(("architecture", "widths"), [("Qwen3MoeForCausalLM", {"moe_intermediate_size": 64}),
                                                       ("Qwen2MoeForCausalLM", {"moe_intermediate_size": 64}),
                                                       ("MixtralForCausalLM", {"intermediate_size": 64})])
-def test_bfloat16_cpu_amx_experts_no_worse_than_transformers(tiny_checkpoint, architecture: str,
-                                                              widths: dict[str, int]) -> None:
-    """Expert widths that are multiples of 32, so the experts run cpu_amx's packed weights (bf16 Qwen routing
-    weights, fp32 Mixtral ones)."""
+def test_bfloat16_packed_experts_no_worse_than_transformers(tiny_checkpoint, architecture: str,
+                                                            widths: dict[str, int]) -> None:
+    """Expert widths that are multiples of 32, so the experts run packed weights: cpu_amx's, or cpu_avx512's
+    without AMX (bf16 Qwen routing weights, fp32 Mixtral ones)."""
     runner = _assert_bfloat16_no_worse_than_transformers(tiny_checkpoint(architecture, dtype=torch.bfloat16, **widths))
+    selected = AMX_MOE if amx_missing("cpu", "bfloat16") is None else AVX512_MOE
     experts = [module for module in runner.model.modules() if isinstance(module, FusedExperts)]
-    assert experts and all(module.kernel is AMX_MOE and module.w13_weight.dim() == 4 for module in experts)
+    assert experts and all(module.kernel is selected and module.w13_weight.dim() == 4 for module in experts)
 
 
 def _assert_bfloat16_no_worse_than_transformers(checkpoint: Path) -> ModelRunner:

@@ -1,6 +1,7 @@
-// fused_moe for the `cpu_amx` kernel in one call per layer: token slots sorted by expert (a counting sort),
-// then per expert that received tokens: gather its rows, amx_linear with the packed w13[e], silu_and_mul,
-// amx_linear with w2[e], and the weighted scatter-add into the output. The same steps as the Python loop
+// fused_moe for the `cpu_amx` and `cpu_avx512` kernels in one call per layer: token slots sorted by expert (a
+// counting sort), then per expert that received tokens: gather its rows, the packed linear (amx_linear, or
+// avx512_linear where `amx` is false) with w13[e], silu_and_mul, the same with w2[e], and the weighted
+// scatter-add into the output. The same steps as the Python loop
 // (rapid_llm/ops/moe.py `expert_loop`), whose ~10 ATen calls per expert cost more than the expert's GEMMs
 // at decode sizes. Rounding follows it too: the product of a bf16 row and its routing weight (fp32, or bf16
 // widened exactly) is an fp32 product rounded to bf16, and each add into the output rounds, in expert order.
@@ -16,6 +17,8 @@
 
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
+torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                            const c10::optional<torch::Tensor>& bias);
 
 namespace {
 
@@ -24,7 +27,7 @@ void sort_slots(const int64_t* expert_ids, int64_t slots, int64_t experts, std::
                 std::vector<int64_t>& starts) {
   starts.assign(experts + 1, 0);
   for (int64_t slot = 0; slot < slots; ++slot) {
-    TORCH_CHECK(expert_ids[slot] >= 0 && expert_ids[slot] < experts, "amx_fused_moe: expert id ",
+    TORCH_CHECK(expert_ids[slot] >= 0 && expert_ids[slot] < experts, "packed_fused_moe: expert id ",
                 expert_ids[slot], " outside [0, ", experts, ")");
     ++starts[expert_ids[slot] + 1];
   }
@@ -45,17 +48,19 @@ void add_weighted_row(const uint16_t* source, float weight, uint16_t* target, in
 
 }  // namespace
 
-torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
-                            const torch::Tensor& w13, const torch::Tensor& w2) {
+torch::Tensor packed_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights,
+                              const torch::Tensor& topk_ids, const torch::Tensor& w13, const torch::Tensor& w2,
+                              bool amx) {
+  const auto linear = amx ? amx_linear : avx512_linear;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.device().is_cpu() &&
                   w13.device().is_cpu() && w2.device().is_cpu() && topk_ids.device().is_cpu() &&
                   topk_weights.device().is_cpu(),
-              "amx_fused_moe: x must be contiguous CPU bf16 [tokens, hidden], every input on the CPU");
+              "packed_fused_moe: x must be contiguous CPU bf16 [tokens, hidden], every input on the CPU");
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_ids.scalar_type() == at::kLong &&
                   topk_weights.sizes() == topk_ids.sizes(),
-              "amx_fused_moe: topk_ids (int64) and topk_weights must both be [tokens, top_k]");
+              "packed_fused_moe: topk_ids (int64) and topk_weights must both be [tokens, top_k]");
   TORCH_CHECK(w13.dim() == 4 && w2.dim() == 4 && w13.size(0) == w2.size(0),
-              "amx_fused_moe: w13 and w2 must be stacked amx_pack_weight weights [E, N/16, K/2, 32]");
+              "packed_fused_moe: w13 and w2 must be stacked amx_pack_weight weights [E, N/16, K/2, 32]");
   const int64_t tokens = x.size(0), hidden = x.size(1), top_k = topk_ids.size(1), experts = w13.size(0);
   const auto ids = topk_ids.contiguous();
   const auto weights = topk_weights.to(at::kFloat).contiguous();  // bf16 widens exactly
@@ -73,10 +78,9 @@ torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_we
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(gathered_data + row * hidden, x_data + order[begin + row] / top_k * hidden,
                   hidden * sizeof(at::BFloat16));
-    const auto down = amx_linear(silu_and_mul(amx_linear(gathered, w13[expert], c10::nullopt)), w2[expert],
-                                 c10::nullopt);
+    const auto down = linear(silu_and_mul(linear(gathered, w13[expert], c10::nullopt)), w2[expert], c10::nullopt);
     const auto* down_data = down.data_ptr<at::BFloat16>();
-    TORCH_CHECK(down.size(1) == hidden, "amx_fused_moe: w2 must map back to the hidden width ", hidden);
+    TORCH_CHECK(down.size(1) == hidden, "packed_fused_moe: w2 must map back to the hidden width ", hidden);
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t slot = order[begin + row];
       const float weight = weight_data[slot];

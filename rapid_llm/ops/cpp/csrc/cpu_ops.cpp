@@ -30,8 +30,9 @@ torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, co
 bool avx512_linear_supported();
 torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
                             const c10::optional<torch::Tensor>& bias);
-torch::Tensor amx_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
-                            const torch::Tensor& w13, const torch::Tensor& w2);
+torch::Tensor packed_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights,
+                              const torch::Tensor& topk_ids, const torch::Tensor& w13, const torch::Tensor& w2,
+                              bool amx);
 void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -54,5 +55,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "Whether avx512_linear runs here (built for AVX512-BF16)");
   module.def("avx512_linear", &avx512_linear, "x W^T + b over an amx_pack_weight weight, AVX-512 BF16 (bf16)");
   module.def("apply_token_bitmask", &apply_token_bitmask, "-inf into the float32 logits a grammar bitmask forbids");
-  module.def("amx_fused_moe", &amx_fused_moe, "fused_moe over stacked amx_pack_weight experts (bf16)");
+  module.def("packed_fused_moe", &packed_fused_moe,
+             "fused_moe over stacked amx_pack_weight experts (bf16): amx_linear GEMMs, or avx512_linear's");
 }
