@@ -2,7 +2,7 @@
 without AMX (csrc/avx512_linear.cpp), e.g. AMD EPYC since Zen 4.
 
 Where AMX is missing, oneDNN's bf16 GEMM reads a decode step's weights at a fraction of the memory bandwidth;
-this kernel's dot-product loop streams each packed weight row once per up to 12 input rows. Sums are fp32 in
+this kernel's dot-product loop streams each packed weight row once per pass of up to 6 input rows. Sums are fp32 in
 another order than oneDNN's, rounded once to bf16. Weights whose out or in features are not multiples of 32
 keep oneDNN's format and kernel (PackedLinear.prepare).
 Usage: chosen by priority on AVX-512 BF16 CPUs without AMX for bf16 models, or `--op-backend linear=cpu_avx512`.

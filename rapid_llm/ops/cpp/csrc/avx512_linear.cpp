@@ -5,8 +5,9 @@
 // rows), loads each weight row once per pass of rows and rounds the fp32 sums to bf16 (plus bias) once.
 // Tasks are (group of 4 output blocks, equal panel of rows) in group-major order: the group's weights
 // (K x 128 bytes) stay in L2 while the panel's rows pass, each thread's range of tasks covers its own outputs
-// over every row, and a one-row call (decode) streams every weight exactly once across the threads. Built only where the compiler
-// targets AVX512-BF16 (-march=native on such a CPU); elsewhere `avx512_linear_supported()` is false.
+// over every row, and a one-row call (decode) streams every weight exactly once across the threads. Built
+// only where the compiler targets AVX512-BF16 (-march=native on such a CPU); elsewhere
+// `avx512_linear_supported()` is false.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
