@@ -31,11 +31,12 @@ def naive_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
 
 def run_mixed_batch(backend: AttentionBackend, shapes: Sequence[tuple[int, int]], *, heads: int = 4,
                     kv_heads: int = 2, head_dim: int = 8, block_size: int = 3, dtype: torch.dtype = torch.float32,
-                    window: int | None = None, scale: float = 0.3,
+                    window: int | None = None, scale: float = 0.3, unwritten: float = 0.0,
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """shapes: per sequence (context already cached, new tokens). Returns (output, naive) [T, H, D]."""
+    """shapes: per sequence (context already cached, new tokens); cache slots no step writes hold `unwritten`.
+    Returns (output, naive) [T, H, D]."""
     num_blocks = sum(-(-(c + n) // block_size) for c, n in shapes) + 3
-    kv_cache = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+    kv_cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), unwritten, dtype=dtype)
     free = torch.randperm(num_blocks).tolist()
     tables = [[free.pop() for _ in range(-(-(c + n) // block_size))] for c, n in shapes]
     full_k = [torch.randn(c + n, kv_heads, head_dim).to(dtype) for c, n in shapes]

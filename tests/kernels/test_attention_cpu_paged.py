@@ -125,3 +125,18 @@ def test_bf16_head_dims_and_block_sizes(block_size: int, heads: int, kv_heads: i
     output, naive = run_mixed_batch(CPU_PAGED_BACKEND, shapes, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                     block_size=block_size, dtype=torch.bfloat16)
     torch.testing.assert_close(output.float(), naive, atol=TOLERANCES["bf16"], rtol=TOLERANCES["bf16"])
+
+
+@pytest.mark.usefixtures("kernel_query_len")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_unwritten_cache_slots_never_reach_the_output(dtype: str, head_dim: int) -> None:
+    """Slots past a sequence's last key hold NaN: kernels that read keys in pairs or runs (the bf16 P.V takes
+    two value rows per instruction) must leave the row after an odd run's last key out, not multiply it by 0."""
+    torch.manual_seed(4)
+    shapes = [(16, 1), (0, 17), (30, 3), (1, 2)]
+    output, naive = run_mixed_batch(CPU_PAGED_BACKEND, shapes, heads=4, kv_heads=2, head_dim=head_dim,
+                                    block_size=16, dtype=dtype_from_name(dtype), unwritten=float("nan"))
+    assert not output.isnan().any()
+    tolerance = TOLERANCES[dtype]
+    torch.testing.assert_close(output.float(), naive, atol=tolerance, rtol=tolerance)

@@ -1,11 +1,11 @@
 // The item kernel of paged_attention.cpp for a bf16 query and bf16 cache on AVX-512 BF16 CPUs, with
-// head_dim a multiple of 32. The generic kernel spends most of a decode on one horizontal sum per key and
-// query head; here a key's dot product with a query head is one AVX-512 BF16 instruction per 32 dims,
-// which leaves 16 partial sums, and the partial vectors of 16 keys are totalled lane-wise by one
-// transpose-and-add tree (45 instructions for 16 scores). Value rows are widened to fp32 once and
-// accumulated into every query head of the group; the online softmax of a run stays in one vector.
-// Scores are scaled after the dot product (the generic
-// kernel scales the query first), so results differ from it by rounding only.
+// head_dim a multiple of 32. A key's dot product with a query head is one AVX-512 BF16 instruction per 32
+// dims, which leaves 16 partial sums; the partial vectors of 16 keys are totalled lane-wise by one
+// transpose-and-add tree (45 instructions for 16 scores). P.V is AVX-512 BF16 dot products too: the
+// probabilities are rounded to bf16 (as flash attention does on GPUs), two value rows are interleaved so
+// one instruction adds p_j v_j + p_j+1 v_j+1 for 16 dims, into a head's accumulator held in registers
+// across a chunk of 256 keys. Scores are scaled after the dot product (the generic kernel scales
+// the query first), so results differ from it by rounding only.
 #pragma once
 
 #include "paged_attention.h"
@@ -21,6 +21,7 @@
 namespace paged_kernels {
 
 constexpr int64_t kKeysPerRun = 16;  // one score per lane of an fp32 vector
+constexpr int64_t kKeysPerChunk = 256;  // K/V rows of 256 keys: 16-128 KiB at head_dim 32-256
 
 // Lane i of the result is the sum of all 16 lanes of v[i]; v is overwritten.
 inline __m512 lane_totals(__m512 v[16]) {
@@ -56,82 +57,108 @@ inline __m512 exp_poly_16(__m512 x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), value, x);
 }
 
-// online_softmax_step for one run of up to 16 scores held in a vector (lanes >= count are ignored);
-// the probabilities are stored to `probabilities`.
-inline void online_softmax_run(__m512 scores, int64_t count, float& running_max, float& running_sum, float* acc,
-                               int64_t D, float* probabilities) {
-  const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
-  scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
-  const float block_max = std::max(running_max, _mm512_reduce_max_ps(scores));
-  const float correction = exp_poly(running_max - block_max);  // 0 on the first run (-inf)
-  const __m512 p = exp_poly_16(_mm512_sub_ps(scores, _mm512_set1_ps(block_max)));  // 0 in the ignored lanes
-  _mm512_storeu_ps(probabilities, p);
-  running_sum = running_sum * correction + _mm512_reduce_add_ps(p);
-  running_max = block_max;
-  if (correction != 1.0f) {
-    const __m512 c = _mm512_set1_ps(correction);
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(c, _mm512_loadu_ps(acc + d)));
-  }
-}
-
 inline __m512bh load_bf16_pairs(const c10::BFloat16* src) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(src));
 }
 
-inline __m512 widen_bf16(const c10::BFloat16* src) {  // 16 bf16 -> fp32, exact
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
+// The run's scores (lanes >= count ignored) become probabilities rounded to bf16, two keys per 32-bit lane
+// (the P.V dot products' operand); returns their sum, taken over the rounded values so that the
+// normaliser weighs exactly what the values are multiplied by. running_max moves to the run's max and
+// `correction` is the factor that rescales what was accumulated before it.
+inline __m256i softmax_run_bf16(__m512 scores, int64_t count, float& running_max, float& correction,
+                                float& run_sum) {
+  const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
+  scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
+  const float block_max = std::max(running_max, _mm512_reduce_max_ps(scores));
+  correction = exp_poly(running_max - block_max);  // 0 on the first run (-inf)
+  running_max = block_max;
+  const __m512 p = exp_poly_16(_mm512_sub_ps(scores, _mm512_set1_ps(block_max)));  // 0 in the ignored lanes
+  const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p));
+  run_sum = _mm512_reduce_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
+  return rounded;
 }
 
 // Same contract as paged_attention.cpp's `attend` (k_scale / v_scale are 1 for a bf16 cache).
 template <int kHeadDim>
 void attend_bf16(const WorkItem& item, int64_t kv_head, const Layout& L, const c10::BFloat16* query,
                  const c10::BFloat16* cache, const int64_t* block_table, float scale, float, float, float* acc,
-                 float* running_max, float* running_sum, std::vector<float>& scratch) {
+                 float* running_max, float* running_sum, std::vector<float>&) {
   static_assert(kHeadDim % 32 == 0, "one AVX-512 BF16 dot product covers 32 dims");
   constexpr int kPairVectors = kHeadDim / 32, kFloatVectors = kHeadDim / 16;
-  const int64_t G = L.group, BS = L.block_size;
-  scratch.resize(G * kKeysPerRun);
-  float* probabilities = scratch.data();  // [G, 16]
-  const c10::BFloat16* q = query + item.token * L.q_token_stride + kv_head * G * L.q_head_stride;
-  for (int64_t g = 0; g < G; ++g) {
-    running_max[g] = -std::numeric_limits<float>::infinity();
-    running_sum[g] = 0.0f;
-  }
-  std::fill(acc, acc + G * kHeadDim, 0.0f);
+  const int64_t BS = L.block_size, slot = L.cache_slot_stride;
+  const c10::BFloat16* q = query + item.token * L.q_token_stride + kv_head * L.group * L.q_head_stride;
   const c10::BFloat16* keys = cache + kv_head * L.cache_head_stride;
   const c10::BFloat16* values = keys + L.cache_kv_stride;
   const __m512 scale_vector = _mm512_set1_ps(scale);
-  for (int64_t start = item.key_begin; start < item.key_end;) {
-    const int64_t offset = start % BS;
-    const int64_t count = std::min({kKeysPerRun, BS - offset, item.key_end - start});
-    const int64_t row0 = block_table[start / BS] * L.cache_block_stride + offset * L.cache_slot_stride;
-    for (int64_t g = 0; g < G; ++g) {
-      const c10::BFloat16* q_head = q + g * L.q_head_stride;
-      __m512 partial[kKeysPerRun];
-      for (int64_t j = 0; j < kKeysPerRun; ++j) {
-        partial[j] = _mm512_setzero_ps();
-        if (j >= count) continue;
-        const c10::BFloat16* key = keys + row0 + j * L.cache_slot_stride;
-        for (int c = 0; c < kPairVectors; ++c)
-          partial[j] = _mm512_dpbf16_ps(partial[j], load_bf16_pairs(q_head + 32 * c), load_bf16_pairs(key + 32 * c));
-      }
-      online_softmax_run(_mm512_mul_ps(lane_totals(partial), scale_vector), count, running_max[g], running_sum[g],
-                         acc + g * kHeadDim, kHeadDim, probabilities + g * kKeysPerRun);
-    }
-    for (int64_t j = 0; j < count; ++j) {
-      const c10::BFloat16* value = values + row0 + j * L.cache_slot_stride;
-      __m512 row[kFloatVectors];
-      for (int c = 0; c < kFloatVectors; ++c) row[c] = widen_bf16(value + 16 * c);
-      for (int64_t g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(probabilities[g * kKeysPerRun + j]);
-        float* a = acc + g * kHeadDim;
-        for (int c = 0; c < kFloatVectors; ++c)
-          _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(p, row[c], _mm512_loadu_ps(a + 16 * c)));
-      }
-    }
-    start += count;
+  for (int64_t g = 0; g < L.group; ++g) {
+    running_max[g] = -std::numeric_limits<float>::infinity();
+    running_sum[g] = 0.0f;
   }
+  std::fill(acc, acc + L.group * kHeadDim, 0.0f);
+  // Chunks of keys outside, heads inside: a chunk's K/V rows stay in L2 while each head of the group reads
+  // them, and a head's accumulator stays in registers across the chunk. While the keys are walked, acc
+  // vector 2c of a head holds dims 32c + 8i + {0..3} of each 128-bit lane i and vector 2c + 1 dims
+  // 32c + 8i + {4..7}: the order unpacklo/unpackhi_epi16 give two interleaved value rows.
+  for (int64_t chunk_begin = item.key_begin; chunk_begin < item.key_end; chunk_begin += kKeysPerChunk) {
+    const int64_t chunk_end = std::min(item.key_end, chunk_begin + kKeysPerChunk);
+    for (int64_t g = 0; g < L.group; ++g) {
+      const c10::BFloat16* q_head = q + g * L.q_head_stride;
+      __m512bh q_pairs[kPairVectors];
+      for (int c = 0; c < kPairVectors; ++c) q_pairs[c] = load_bf16_pairs(q_head + 32 * c);
+      float* head_acc = acc + g * kHeadDim;
+      __m512 accumulator[kFloatVectors];
+      for (int c = 0; c < kFloatVectors; ++c) accumulator[c] = _mm512_loadu_ps(head_acc + 16 * c);
+      float head_max = running_max[g], head_sum = running_sum[g];
+      for (int64_t start = chunk_begin; start < chunk_end;) {
+        const int64_t offset = start % BS;
+        const int64_t count = std::min({kKeysPerRun, BS - offset, chunk_end - start});
+        const int64_t row0 = block_table[start / BS] * L.cache_block_stride + offset * slot;
+        __m512 partial[kKeysPerRun];
+        for (int64_t j = 0; j < kKeysPerRun; ++j) {
+          partial[j] = _mm512_setzero_ps();
+          if (j >= count) continue;
+          for (int c = 0; c < kPairVectors; ++c)
+            partial[j] = _mm512_dpbf16_ps(partial[j], q_pairs[c], load_bf16_pairs(keys + row0 + j * slot + 32 * c));
+        }
+        float correction, run_sum;
+        alignas(32) uint32_t probability_pairs[kKeysPerRun / 2];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(probability_pairs),
+                           softmax_run_bf16(_mm512_mul_ps(lane_totals(partial), scale_vector), count, head_max,
+                                            correction, run_sum));
+        head_sum = head_sum * correction + run_sum;
+        if (correction != 1.0f)
+          for (int c = 0; c < kFloatVectors; ++c)
+            accumulator[c] = _mm512_mul_ps(accumulator[c], _mm512_set1_ps(correction));
+        for (int64_t j = 0; j < count; j += 2) {  // keys j and j + 1 in one dot product per 16 dims
+          const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(probability_pairs[j / 2]));
+          const c10::BFloat16* value = values + row0 + j * slot;
+          for (int c = 0; c < kPairVectors; ++c) {
+            const __m512i first = _mm512_loadu_si512(value + 32 * c);
+            // past the run the second row may be another sequence's or unwritten: zero, not p = 0 times it
+            const __m512i second =
+                j + 1 < count ? _mm512_loadu_si512(value + slot + 32 * c) : _mm512_setzero_si512();
+            accumulator[2 * c] = _mm512_dpbf16_ps(
+                accumulator[2 * c], reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(first, second)), pair);
+            accumulator[2 * c + 1] = _mm512_dpbf16_ps(
+                accumulator[2 * c + 1], reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(first, second)), pair);
+          }
+        }
+        start += count;
+      }
+      for (int c = 0; c < kFloatVectors; ++c) _mm512_storeu_ps(head_acc + 16 * c, accumulator[c]);
+      running_max[g] = head_max;
+      running_sum[g] = head_sum;
+    }
+  }
+  const __m512i lower_dims = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i upper_dims = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int64_t g = 0; g < L.group; ++g)
+    for (int c = 0; c < kPairVectors; ++c) {  // back to dim order
+      float* dims = acc + g * kHeadDim + 32 * c;
+      const __m512 lower = _mm512_loadu_ps(dims), upper = _mm512_loadu_ps(dims + 16);
+      _mm512_storeu_ps(dims, _mm512_permutex2var_ps(lower, lower_dims, upper));
+      _mm512_storeu_ps(dims + 16, _mm512_permutex2var_ps(lower, upper_dims, upper));
+    }
 }
 
 }  // namespace paged_kernels
