@@ -4,7 +4,8 @@ Key design choice: the payloads and the timing rules are those of vLLM's `endpoi
 the clock starts just before the request is sent; TTFT is taken at the first event whose `choices`
 is non-empty; every later such event adds one ITL sample; the request ends at the last such event
 (the usage event and `[DONE]` do not count); the output token count is `usage.completion_tokens`
-from the `choices: []` usage event. One timestamp is taken per network read, before parsing. The
+from whichever event carries `usage` (vLLM and rapid_llm send a `choices: []` event, llama.cpp's server
+puts it on the last choices event). One timestamp is taken per network read, before parsing. The
 client is aiohttp, as in vLLM: its C HTTP parser costs ~20 us per streamed chunk against ~75 us for
 httpx (measured here), which at tens of thousands of chunks per second would otherwise saturate the
 client's core and inflate the latencies it measures.
@@ -133,11 +134,11 @@ async def _stream_request(
                             outcome.ttft = now - start
                         last_event = now
                         text_parts.append(choice_text(choices[0]) or "")
-                    elif usage := event.get("usage"):
+                    if usage := event.get("usage"):
                         outcome.output_tokens = usage.get("completion_tokens") or 0
                         if usage.get("prompt_tokens") is not None:
                             outcome.prompt_len = usage["prompt_tokens"]
-                    elif "error" in event:
+                    if not choices and not usage and "error" in event:
                         # vLLM's client ignores this event; a request the server failed is counted as failed here.
                         outcome.error = f"error event: {data[:500]}"
         outcome.generated_text = "".join(text_parts)

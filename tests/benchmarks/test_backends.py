@@ -105,6 +105,15 @@ def test_without_usage_the_count_is_left_to_the_tokenizer() -> None:
     assert outcome.success and outcome.output_tokens == 0 and outcome.prompt_len == 2
 
 
+def test_usage_on_the_last_choices_event_counts() -> None:
+    """llama.cpp's server sends usage with the final text event, not in a `choices: []` event of its own."""
+    last = sse({"choices": [{"index": 0, "text": "c", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+    outcome, _ = run(request_openai_completions, [text_event("a"), text_event("b"), last, DONE])
+    assert outcome.success and outcome.generated_text == "abc"
+    assert outcome.output_tokens == 3 and outcome.prompt_len == 7 and len(outcome.itl) == 2
+
+
 def test_http_error_fails_the_request() -> None:
     outcome, _ = run(request_openai_completions, [b'{"error": "nope"}'], status=400)
     assert not outcome.success
