@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
+from rapid_llm.utils.block_hash import BlockHash, hash_block
 
 
 class PrefixIndex:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from rapid_llm.scheduler_proc.block_hash import BlockHash
+from rapid_llm.utils.block_hash import BlockHash
 
 
 class BlockManager:

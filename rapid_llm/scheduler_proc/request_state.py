@@ -15,7 +15,7 @@ import time
 
 from rapid_llm.ipc.messages import BeamSequence, ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
-from rapid_llm.scheduler_proc.block_hash import BlockHash, hash_block
+from rapid_llm.utils.block_hash import BlockHash, hash_block
 
 
 class RequestStatus(enum.Enum):

@@ -40,7 +40,8 @@ from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
-from rapid_llm.scheduler_proc.speculation import Speculation, speculation_blocker
+from rapid_llm.scheduler_proc.speculation import Speculation
+from rapid_llm.spec_decode.eligibility import speculation_blocker
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.sampler import log_exponential_noise, warp_logits
 from rapid_llm.layers.sampling_batch import SamplingBatch, to_int64
 from rapid_llm.sampling import SamplingParams
-from rapid_llm.scheduler_proc.speculation import speculation_blocker
+from rapid_llm.spec_decode.eligibility import speculation_blocker
 from rapid_llm.spec_decode.model_proposer import HiddenStateTap, ModelProposer, ProposerStep
 from rapid_llm.spec_decode.rejection_sampler import rejection_sample
 from rapid_llm.utils.host_staging import to_device

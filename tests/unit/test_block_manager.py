@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rapid_llm.scheduler_proc.block_hash import hash_block
+from rapid_llm.utils.block_hash import hash_block
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 
 

@@ -30,8 +30,9 @@ ALLOWED_GROUPS = {
     "tools": ("runtime",),
 }
 LOCAL_PACKAGES = set(ALLOWED_GROUPS)
-# Files executed by another project's interpreter, never by ours.
-RUN_ELSEWHERE = {"tests/benchmarks/vllm_reference.py"}
+# Files executed by another project's interpreter, or importing another project's tree that they put on
+# sys.path at run time (convert_to_gguf.py: llama.cpp's converter).
+RUN_ELSEWHERE = {"tests/benchmarks/vllm_reference.py", "benchmarks/peers/convert_to_gguf.py"}
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 
 

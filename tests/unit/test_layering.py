@@ -1,0 +1,90 @@
+"""The package's floors (docs/architecture.md, "Floors"): a module imports only modules on its own floor or
+below, the process packages never import one another, and no modules import each other in a loop.
+
+The floor table is data: each floor lists module prefixes, and a module stands on the floor of its longest
+matching prefix (so `rapid_llm.quantization.fp8_math` can stand below the rest of `quantization/`). Imports are
+read by `import_graph.py` (every import in a file, function bodies included; `if TYPE_CHECKING:` left out).
+The root package `rapid_llm` is a face: it holds `__version__` and lazy exports (`LLM` in `__getattr__`), so
+importing it is allowed from any floor and its own lazy imports make no edge. KNOWN lists what is not fixed
+yet (issue 29): a violation not in it fails, and so does an entry that no longer occurs (shrink the list).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.import_graph import Graph, cycles, import_graph
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rapid_llm"
+FACES = {"rapid_llm"}
+QUANT = "rapid_llm.quantization"
+FLOORS: list[tuple[str, list[str]]] = [
+    ("ground", ["rapid_llm.utils", "rapid_llm.config", "rapid_llm.sampling", "rapid_llm.ipc",
+                "rapid_llm.distributed", "rapid_llm.structured", f"{QUANT}.base", f"{QUANT}.registry"]),
+    ("kernels", ["rapid_llm.ops", f"{QUANT}.fp4_math", f"{QUANT}.fp8_math", f"{QUANT}.int4_math"]),
+    ("layers", ["rapid_llm.layers", f"{QUANT}.linear_method", f"{QUANT}.moe_method"]),
+    ("models", ["rapid_llm.models", QUANT]),
+    ("loading", ["rapid_llm.model_loader", "rapid_llm.spec_decode", "rapid_llm.quantize"]),
+    ("processes", ["rapid_llm.scheduler_proc", "rapid_llm.worker_proc", "rapid_llm.detokenizer_proc",
+                   "rapid_llm.frontend"]),
+    ("entry", ["rapid_llm.server_args", "rapid_llm.entrypoints", "rapid_llm.launch_server", "rapid_llm.cli",
+               "rapid_llm"]),
+]
+SIDE_BY_SIDE = "processes"  # packages on this floor are separate processes: none imports another
+KNOWN = {
+    "upward rapid_llm.config.cache_config -> rapid_llm.ops.attention.kv_quant",
+    "upward rapid_llm.config.model_config -> rapid_llm.models.registry",
+    "upward rapid_llm.quantization.moe_method -> rapid_llm.models.weight_mapping",
+    "cycle rapid_llm.quantization.fp4_config rapid_llm.quantization.fp4_linear rapid_llm.quantization.fp4_moe "
+    "rapid_llm.quantization.fp8_config rapid_llm.quantization.fp8_linear rapid_llm.quantization.fp8_moe",
+    "cycle rapid_llm.quantization.int4_config rapid_llm.quantization.int4_linear",
+}
+
+
+def floor_of(module: str) -> tuple[int, str]:
+    """(floor index, the prefix that placed it); the longest matching prefix wins."""
+    matches = [(len(prefix), level, prefix) for level, (_, prefixes) in enumerate(FLOORS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    if not matches:
+        raise LookupError(f"{module} stands on no floor: add its package to FLOORS")
+    _, level, prefix = max(matches)
+    return level, prefix
+
+
+def layering_violations(graph: Graph) -> set[str]:
+    graph = {module: {t: line for t, line in edges.items() if t not in FACES}
+             for module, edges in graph.items() if module not in FACES}
+    found = {"cycle " + " ".join(component) for component in cycles(graph)}
+    side_by_side = [name for name, _ in FLOORS].index(SIDE_BY_SIDE)
+    for module, edges in graph.items():
+        level, prefix = floor_of(module)
+        for target in edges:
+            target_level, target_prefix = floor_of(target)
+            if target_level > level:
+                found.add(f"upward {module} -> {target}")
+            elif target_level == level == side_by_side and target_prefix != prefix:
+                found.add(f"sideways {module} -> {target}")
+    return found
+
+
+def test_every_module_stands_on_a_floor() -> None:
+    for module in import_graph(PACKAGE):
+        floor_of(module)
+
+
+def test_no_import_cycle_and_no_upward_or_sideways_import() -> None:
+    found = layering_violations(import_graph(PACKAGE))
+    assert sorted(found - KNOWN) == [], "new layering violations (see docs/architecture.md, Floors)"
+    assert sorted(KNOWN - found) == [], "fixed: remove these from KNOWN"
+
+
+def test_the_check_sees_an_upward_import_a_sideways_one_and_a_cycle() -> None:
+    graph = {"rapid_llm.ops.registry": {"rapid_llm.models.llama": 3},
+             "rapid_llm.models.llama": {"rapid_llm.ops.registry": 1},
+             "rapid_llm.frontend.app": {"rapid_llm.scheduler_proc.scheduler": 5, "rapid_llm": 2},
+             "rapid_llm.scheduler_proc.scheduler": {}}
+    assert layering_violations(graph) == {
+        "upward rapid_llm.ops.registry -> rapid_llm.models.llama",
+        "cycle rapid_llm.models.llama rapid_llm.ops.registry",
+        "sideways rapid_llm.frontend.app -> rapid_llm.scheduler_proc.scheduler",
+    }
