@@ -6,8 +6,9 @@ and a broken optional model can never break the others. Adding a model is one li
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rapid_llm.utils.lazy_import import import_target
 
 if TYPE_CHECKING:
     import torch
@@ -64,5 +65,4 @@ def check_supported(architecture: str) -> None:
 def resolve_model_class(architecture: str) -> type[torch.nn.Module]:
     """Import and return the class for `architecture`; unknown names list what is supported."""
     check_supported(architecture)
-    module_name, class_name = _MODELS[architecture].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return import_target(_MODELS[architecture])

@@ -12,7 +12,6 @@ is skipped, or None when it holds. Nothing here imports torch: the launcher pars
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import operator
 import re
@@ -21,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
+from rapid_llm.utils.lazy_import import import_target
 
 CONDITION_KINDS = ("device", "sm", "dtype", "lib", "available", "predicate")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -45,8 +45,7 @@ def availability_skip_reason(check: str | Callable[[str, str], str | None], devi
     """The `available` check's answer for (device_type, dtype), computed once (it may build an extension)."""
     try:
         if isinstance(check, str):
-            module, attribute = check.split(":")
-            check = getattr(importlib.import_module(module), attribute)
+            check = import_target(check)
         return check(device_type, dtype)
     except Exception as error:  # a probe that breaks must skip its implementation, never stop start-up
         return f"its availability check failed: {type(error).__name__}: {error}"

@@ -15,12 +15,12 @@ Usage: `ops.rms_norm(x, weight, eps)`; `REGISTRY.set_overrides({"rms_norm": "tor
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 from rapid_llm.ops.conditions import Conditions
+from rapid_llm.utils.lazy_import import import_target
 
 OP_BACKEND_ENV = "RAPID_LLM_OP_BACKEND"
 
@@ -215,8 +215,7 @@ class OpRegistry:
             return impl.fn
         key = (impl.op, impl.backend)
         if key not in self._loaded:
-            module, attribute = impl.fn.split(":")
-            self._loaded[key] = getattr(importlib.import_module(module), attribute)
+            self._loaded[key] = import_target(impl.fn)
         return self._loaded[key]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapid_llm.quantization.base import config_error
+from rapid_llm.utils.lazy_import import import_target
 
 # "deepseek": DeepSeek-V4's FP4 experts (`expert_dtype: fp4` of an fp8 config, fp4_moe.py), experts only.
 LAYOUTS = ("modelopt", "compressed-tensors", "gpt-oss", "deepseek", "online")
@@ -49,14 +50,10 @@ class Fp4Config:
                 "ignored": list(self.ignored)}
 
     def linear_method(self) -> Any:
-        from rapid_llm.quantization.fp4_linear import Fp4LinearMethod
-
-        return Fp4LinearMethod(self)
+        return import_target("rapid_llm.quantization.fp4_linear:Fp4LinearMethod")(self)
 
     def moe_method(self) -> Any:
-        from rapid_llm.quantization.fp4_moe import Fp4MoEMethod
-
-        return Fp4MoEMethod(self)
+        return import_target("rapid_llm.quantization.fp4_moe:Fp4MoEMethod")(self)
 
 
 def module_names(values: dict[str, Any], field: str, prefix: str = "") -> tuple[str, ...]:

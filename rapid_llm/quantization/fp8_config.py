@@ -19,6 +19,7 @@ from typing import Any
 
 from rapid_llm.quantization.base import config_error
 from rapid_llm.quantization.fp4_config import Fp4Config
+from rapid_llm.utils.lazy_import import import_target
 
 GRANULARITIES = ("tensor", "row", "block")
 # expert_dtype -> the experts' FP4 format (fp4_moe.py), weight only
@@ -55,18 +56,14 @@ class Fp8Config:
                 "ignored": list(self.ignored)}
 
     def linear_method(self) -> Any:
-        from rapid_llm.quantization.fp8_linear import Fp8LinearMethod
-
-        return Fp8LinearMethod(self)
+        return import_target("rapid_llm.quantization.fp8_linear:Fp8LinearMethod")(self)
 
     def moe_method(self) -> Any:
         if self.expert_dtype == "bf16":
             return None
         if self.expert_dtype in EXPERT_FP4:
             return EXPERT_FP4[self.expert_dtype].moe_method()
-        from rapid_llm.quantization.fp8_moe import Fp8MoEMethod
-
-        return Fp8MoEMethod(self)
+        return import_target("rapid_llm.quantization.fp8_moe:Fp8MoEMethod")(self)
 
 
 def _names(values: dict[str, Any], field: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapid_llm.quantization.base import config_error
+from rapid_llm.utils.lazy_import import import_target
 
 ONLINE_GROUP_SIZE = 128
 
@@ -48,9 +49,7 @@ class Int4Config:
                 "activation_bits": self.activation_bits, "online": self.online, "ignored": list(self.ignored)}
 
     def linear_method(self) -> Any:
-        from rapid_llm.quantization.int4_linear import Int4LinearMethod
-
-        return Int4LinearMethod(self)
+        return import_target("rapid_llm.quantization.int4_linear:Int4LinearMethod")(self)
 
     def moe_method(self) -> Any:
         """Int4 experts are not built: online, they stay in the model dtype (None); a checkpoint's are refused."""

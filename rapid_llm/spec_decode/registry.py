@@ -8,10 +8,10 @@ are planned but not built are refused with that reason, never a silent fallback.
 
 from __future__ import annotations
 
-import importlib
 
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.spec_decode.proposer import Proposer
+from rapid_llm.utils.lazy_import import import_target
 
 _PROPOSERS: dict[str, str | type[Proposer]] = {
     "ngram": "rapid_llm.spec_decode.ngram:NgramProposer",
@@ -76,7 +76,4 @@ def build_model_proposer(config: SpeculativeConfig, target: object):
 
 
 def _load(target: str | type) -> type:
-    if isinstance(target, str):
-        module, _, name = target.partition(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
+    return import_target(target) if isinstance(target, str) else target

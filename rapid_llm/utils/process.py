@@ -11,7 +11,6 @@ launcher dies, so a killed launcher never leaves orphans holding memory or a GPU
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ from typing import Any, NoReturn
 import setproctitle
 
 from rapid_llm.utils import signal_wakeup
+from rapid_llm.utils.lazy_import import import_target
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(message)s"
 _PR_SET_PDEATHSIG = 1
@@ -39,9 +39,8 @@ def run_child(role: str, target: str, *args: Any) -> None:
     The last argument is the readiness pipe, so an import failure is reported like any start-up error.
     """
     set_process_title(role)
-    module_name, function_name = target.split(":")
     try:
-        entry_point = getattr(importlib.import_module(module_name), function_name)
+        entry_point = import_target(target)
     except Exception as error:
         report_failure(args[-1], error)
         sys.exit(1)
