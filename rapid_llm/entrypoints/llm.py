@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -123,7 +122,7 @@ class LLM:
             for index, choice_params in enumerate(params.per_choice()):
                 request_id = f"{result.request_id}-{index}"
                 result.outputs.append(choices.setdefault(request_id, CompletionOutput(index=index)))
-                requests.append(GenerateRequest(request_id, token_ids, choice_params, time.time()))
+                requests.append(GenerateRequest(request_id, token_ids, choice_params))
             results.append(result)
         unfinished = set(choices)
         try:

@@ -114,7 +114,7 @@ class TokenizerManager:
         self._queues[request_id] = queue
         finished = False
         try:
-            self._to_scheduler.send(GenerateRequest(request_id, prompt_token_ids, params, time.time()))
+            self._to_scheduler.send(GenerateRequest(request_id, prompt_token_ids, params))
             while not finished:
                 delta = await queue.get()
                 if isinstance(delta, OpenAIError):

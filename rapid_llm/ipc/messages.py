@@ -36,7 +36,6 @@ class GenerateRequest(_Message):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float = 0.0
 
 
 class AbortRequest(_Message):

@@ -11,7 +11,8 @@ The cache is allocated uninitialised (zero-filling gigabytes costs seconds of st
 CPU) and a block is zeroed when it is freshly allocated to a request instead: attention reads a
 block's unwritten tail under a mask, and masked garbage that happened to be NaN or inf would
 still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they hold the KV being
-reused. Block 0 is zeroed up front because block tables are padded with it. Once written, blocks
+reused. Block 0 is zeroed up front because block tables are padded with it (the padded rows of CUDA-graph
+buckets use the last block, `padding_block`, instead; see input_batch.py). Once written, blocks
 only ever hold finite K/V, which a mask handles.
 
 A worker-side proposer's layers (a draft model's) are allocated beside the target's with the same block ids
