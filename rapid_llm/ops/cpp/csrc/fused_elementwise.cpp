@@ -48,16 +48,24 @@ void narrow<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) bits[i] = float_to_bf16_bits(src[i]);
 }
 
+// x rounded to T's precision (the identity for fp32): where each ATen op of the reference rounds its result.
 template <typename T>
-void round_to(float* values, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
+inline float round_as(float x) {
+  return static_cast<float>(static_cast<T>(x));
 }
 template <>
-void round_to<float>(float*, int64_t) {}
+inline float round_as<float>(float x) {
+  return x;
+}
 template <>
-void round_to<c10::BFloat16>(float* values, int64_t n) {
+inline float round_as<c10::BFloat16>(float x) {
+  return bf16_bits_to_float(float_to_bf16_bits(x));
+}
+
+template <typename T>
+void round_to(float* values, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) values[i] = bf16_bits_to_float(float_to_bf16_bits(values[i]));
+  for (int64_t i = 0; i < n; ++i) values[i] = round_as<T>(values[i]);
 }
 
 // Loops the dispatch lambdas below need (a pragma cannot sit inside a macro's argument).
@@ -186,46 +194,30 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
 
 namespace {
 
-// Rotates one [rows, heads * head_dim] tensor into `out` (contiguous, same shape).
-template <typename T>
+// Rotates one [rows, heads * head_dim] tensor into `out` (contiguous, same shape). Each pair is
+// (x1 cos - x2 sin, x2 cos + x1 sin), every product and the sum rounded as the reference rounds them; the
+// pairs are (i, i + half) in neox style and (2i, 2i + 1) in gpt-j style, a compile-time choice so the
+// neox loop reads and writes contiguous halves.
+template <typename T, bool kNeox>
 void rotate(const torch::Tensor& x, torch::Tensor& out, const T* cos, const T* sin, int64_t table_stride,
-            int64_t head_dim, int64_t rotary_dim, bool is_neox_style) {
+            int64_t head_dim, int64_t rotary_dim) {
   const int64_t rows = x.size(0), width = x.size(1), heads = width / head_dim, half = rotary_dim / 2;
   const T* src = x.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(width), c(half), s(half), x1(half), x2(half), a(half), b(half);
+    std::vector<float> row(width), c(half), s(half);
     for (int64_t r = begin; r < end; ++r) {
       widen(src + r * x.stride(0), row.data(), width);
       widen(cos + r * table_stride, c.data(), half);
       widen(sin + r * table_stride, s.data(), half);
       for (int64_t head = 0; head < heads; ++head) {
         float* h = row.data() + head * head_dim;
-        const int64_t step = is_neox_style ? 1 : 2, first = 0, second = is_neox_style ? half : 1;
-        for (int64_t i = 0; i < half; ++i) {
-          x1[i] = h[first + i * step];
-          x2[i] = h[second + i * step];
-        }
-        // (x1 cos - x2 sin, x2 cos + x1 sin), each product and the sum rounded as the reference does.
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          a[i] = x1[i] * c[i];
-          b[i] = x2[i] * s[i];
-        }
-        round_to<T>(a.data(), half);
-        round_to<T>(b.data(), half);
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float rotated_first = a[i] - b[i];
-          a[i] = x2[i] * c[i];
-          b[i] = x1[i] * s[i];
-          x1[i] = rotated_first;
-        }
-        round_to<T>(a.data(), half);
-        round_to<T>(b.data(), half);
-        for (int64_t i = 0; i < half; ++i) {
-          h[first + i * step] = x1[i];
-          h[second + i * step] = a[i] + b[i];
+          const int64_t first = kNeox ? i : 2 * i, second = kNeox ? i + half : 2 * i + 1;
+          const float x1 = h[first], x2 = h[second];
+          h[first] = round_as<T>(x1 * c[i]) - round_as<T>(x2 * s[i]);
+          h[second] = round_as<T>(x2 * c[i]) + round_as<T>(x1 * s[i]);
         }
       }
       narrow(row.data(), dst + r * width, width);
@@ -253,8 +245,9 @@ std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const to
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rotary_embedding", [&] {
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();
-    rotate<scalar_t>(query, rotated_query, c, s, cos.stride(0), head_dim, rotary_dim, is_neox_style);
-    rotate<scalar_t>(key, rotated_key, c, s, cos.stride(0), head_dim, rotary_dim, is_neox_style);
+    const auto rotate_style = is_neox_style ? rotate<scalar_t, true> : rotate<scalar_t, false>;
+    rotate_style(query, rotated_query, c, s, cos.stride(0), head_dim, rotary_dim);
+    rotate_style(key, rotated_key, c, s, cos.stride(0), head_dim, rotary_dim);
   });
   return {rotated_query, rotated_key};
 }
