@@ -77,7 +77,10 @@ for model in $MODELS; do
         if [ "$system" = rapid_llm ]; then
             python3 -m rapid_llm.launch_server --model "$dir" --port "$PORT" --log-level warning &
         elif [ "$system" = llama_cpp ]; then
-            gguf="$(benchmarks/peers/gguf_of.sh "$dir")"
+            if ! gguf="$(benchmarks/peers/gguf_of.sh "$dir")"; then
+                echo "skipping llama_cpp on $model: its GGUF conversion failed (above)" >&2
+                continue
+            fi
             PARALLEL=8 benchmarks/peers/serve_llama_cpp.sh "$gguf" "$PORT" >"$OUT/llama_cpp-$model.log" 2>&1 &
         else
             benchmarks/peers/serve_vllm_cpu.sh "$dir" "$PORT" >"$OUT/vllm-$model.log" 2>&1 &

@@ -24,6 +24,7 @@ NUM_PROMPTS="${NUM_PROMPTS:-4}"
 MODEL_ROOT="${MODEL_ROOT:-/tmp/rapid_llm-bench-models}"
 MODEL="$MODEL_ROOT/llama-10m-8k"
 PORT=31556
+LLAMA_CPP_SLOTS=4 LLAMA_CPP_SLOT_TOKENS=8256  # the concurrency, and 8192 positions + 64 of headroom
 URL="http://127.0.0.1:$PORT"
 mkdir -p "$OUT"
 
@@ -41,9 +42,10 @@ for system in $SYSTEMS; do
     if [ "$system" = rapid_llm ]; then
         python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level info >"$log" 2>&1 &
     elif [ "$system" = llama_cpp ]; then
-        PARALLEL=4 CTX_PER_SLOT=8256 benchmarks/peers/serve_llama_cpp.sh "$(benchmarks/peers/gguf_of.sh "$MODEL")" \
+        gguf="$(benchmarks/peers/gguf_of.sh "$MODEL")"
+        PARALLEL=$LLAMA_CPP_SLOTS CTX_PER_SLOT=$LLAMA_CPP_SLOT_TOKENS benchmarks/peers/serve_llama_cpp.sh "$gguf" \
             "$PORT" >"$log" 2>&1 &
-        echo $((4 * 8256)) >"$OUT/$system-kv-cache-tokens.txt"
+        echo $((LLAMA_CPP_SLOTS * LLAMA_CPP_SLOT_TOKENS)) >"$OUT/$system-kv-cache-tokens.txt"
     else
         benchmarks/peers/serve_vllm_cpu.sh "$MODEL" "$PORT" --max-model-len 8192 >"$log" 2>&1 &
     fi

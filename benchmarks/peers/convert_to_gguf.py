@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     if not (source / "convert_hf_to_gguf.py").is_file():
         raise SystemExit(f"{source}: no convert_hf_to_gguf.py (run benchmarks/peers/setup_llama_cpp.sh)")
     sys.path[:0] = [str(source), str(source / "gguf-py")]
-    import convert_hf_to_gguf  # noqa: E402  (from the llama.cpp tree just put on the path)
+    import convert_hf_to_gguf  # from the llama.cpp tree just put on the path
     from conversion.base import TextModel
 
     TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"

@@ -8,7 +8,7 @@ set -euo pipefail
 MODEL_DIR="$(cd "${1:?usage: gguf_of.sh MODEL_DIR}" && pwd)"
 cd "$(dirname "$0")/../.."
 out="$(dirname "$MODEL_DIR")/gguf/$(basename "$MODEL_DIR").gguf"
-if [ ! -f "$out" ] || [ "$MODEL_DIR/model.safetensors" -nt "$out" ]; then
+if [ ! -f "$out" ] || [ -n "$(find "$MODEL_DIR" -name '*.safetensors' -newer "$out")" ]; then
     source_dir="$(benchmarks/peers/setup_llama_cpp.sh)"
     mkdir -p "$(dirname "$out")"
     python3 benchmarks/peers/convert_to_gguf.py "$source_dir" "$MODEL_DIR" "$out.partial" >&2

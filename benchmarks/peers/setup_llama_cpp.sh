@@ -8,7 +8,7 @@
 #   PYTHON          an interpreter with pip (default: python3)
 #
 # Prints the llama.cpp source directory last; the server is build/bin/llama-server inside it and
-# the HF-to-GGUF converter is convert_hf_to_gguf.py beside it (see convert_to_gguf.sh).
+# the HF-to-GGUF converter is convert_hf_to_gguf.py beside it (see convert_to_gguf.py).
 set -euo pipefail
 
 LLAMA_CPP_DIR="${LLAMA_CPP_DIR:-$HOME/.peers/llama-cpp}"
@@ -32,7 +32,7 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 
 if [ ! -x "$SERVER" ]; then
-    log "building llama-server (GGML_NATIVE=ON; about 5 min on 2 cores)"
+    log "building llama-server (GGML_NATIVE=ON; about 8 min on 2 cores)"
     generator=()
     command -v ninja >/dev/null && generator=(-G Ninja)
     cmake -S "$SRC" -B "$SRC/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \

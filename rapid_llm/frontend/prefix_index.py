@@ -2,7 +2,7 @@
 
 Key design choice: the router never asks the scheduler what it caches; it remembers the full blocks of the
 prompts it sent to the replica, hashed with the scheduler's own chained block hash
-(`scheduler_proc/block_hash.py`, no extra key), so one hash stands for a block and its whole prefix and a
+(`utils/block_hash.py`, no extra key), so one hash stands for a block and its whole prefix and a
 prompt's match is the number of leading hashes present. Capacity is the replica's KV blocks: the oldest
 unused hashes fall out first, as the replica's own cache evicts least recently used blocks. It is an
 approximation: the replica may have evicted earlier (running requests hold blocks) or cached output tokens.

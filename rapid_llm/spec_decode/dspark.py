@@ -23,6 +23,7 @@ import torch
 
 from rapid_llm.spec_decode.block_drafter import BlockDrafter, crop_cache, import_library
 from rapid_llm.spec_decode.model_proposer import TargetContext
+from rapid_llm.utils.lazy_import import import_target
 
 SUPPORTED_VERSIONS = ("0.1.0",)
 INSTALL = "pip install the DeepSpec repository (github.com/deepseek-ai/DeepSpec, version 0.1.0)"
@@ -42,7 +43,7 @@ class DSparkProposer(BlockDrafter):
         if not known:
             raise ValueError(f"--speculative-config: {config.model} is not a DSpark checkpoint (architectures "
                              f"{architectures}; known: {', '.join(_MODELS)})")
-        cls = getattr(importlib.import_module(_MODELS[known[0]]), known[0])
+        cls = import_target(f"{_MODELS[known[0]]}:{known[0]}")
         self.ops = importlib.import_module("deepspec.eval.dspark.draft_ops")
         self.model = cls.from_pretrained(config.model, dtype=target.model_config.dtype).to(target.device).eval()
         layers = [int(layer) for layer in self.model.target_layer_ids]

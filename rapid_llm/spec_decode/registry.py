@@ -8,7 +8,6 @@ are planned but not built are refused with that reason, never a silent fallback.
 
 from __future__ import annotations
 
-
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.spec_decode.proposer import Proposer
 from rapid_llm.utils.lazy_import import import_target

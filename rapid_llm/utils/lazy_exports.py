@@ -6,8 +6,9 @@ submodule (the launcher, the scheduler) never pays for the rest.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
+
+from rapid_llm.utils.lazy_import import import_target
 
 
 def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]) -> tuple[Callable[[str], Any], list[str]]:
@@ -17,6 +18,6 @@ def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]) -> tuple[Cal
     def module_getattr(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(exports[name]), name)
+        return import_target(f"{exports[name]}:{name}")
 
     return module_getattr, sorted(exports)

@@ -3,8 +3,10 @@
 `import_graph(root)` maps each module ("rapid_llm.ops.registry"; a package is its `__init__`) to the package
 modules it imports anywhere in its file, function bodies included, with the line of the first import;
 imports under `if TYPE_CHECKING:` are left out (they never run). `from pkg import name` is an edge to
-`pkg.name` when that is a module, else to `pkg`. `cycles(graph)` lists the strongly connected components of
-more than one module (Tarjan's algorithm, iterative). Used by test_layering.py.
+`pkg.name` when that is a module, else to `pkg`; importing `a.b.c` also runs `a` and `a.b`, so those packages
+are edges too (except the importer's own). `faces(root)`: packages whose `__init__` defines nothing (imports,
+assignments, a docstring). `cycles(graph)` lists the strongly connected components of more than one module
+(Tarjan's algorithm, iterative). Used by test_layering.py.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def module_names(root: Path) -> dict[str, Path]:
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     hidden: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             hidden |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
     return hidden
 
@@ -55,10 +57,27 @@ def import_graph(root: Path) -> Graph:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in hidden:
                 for target in _imported(node, package, set(names)):
-                    if target != name:
-                        edges.setdefault(target, node.lineno)
+                    for run in _with_parent_packages(target):
+                        if run in names and run != name and not name.startswith(run + "."):
+                            edges.setdefault(run, node.lineno)
         graph[name] = edges
     return graph
+
+
+def _with_parent_packages(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+
+
+def faces(root: Path) -> set[str]:
+    """Packages whose `__init__` only hands names on: no function or class of its own."""
+    found = set()
+    for name, path in module_names(root).items():
+        if path.name == "__init__.py":
+            body = ast.parse(path.read_text(), str(path)).body
+            if not any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in body):
+                found.add(name)
+    return found
 
 
 def cycles(graph: Graph) -> list[list[str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rapid_llm.utils.block_hash import hash_block
 from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.utils.block_hash import hash_block
 
 
 def num_cached_blocks(pool: BlockManager) -> int:

@@ -4,8 +4,9 @@
 // transpose-and-add tree (45 instructions for 16 scores). P.V is AVX-512 BF16 dot products too: the
 // probabilities are rounded to bf16 (as flash attention does on GPUs), two value rows are interleaved so
 // one instruction adds p_j v_j + p_j+1 v_j+1 for 16 dims, into a head's accumulator held in registers
-// across a chunk of 256 keys. Scores are scaled after the dot product (the generic kernel scales
-// the query first), so results differ from it by rounding only.
+// across a chunk of 256 keys (up to head_dim 128; at 256 the compiler spills some of it). Scores are
+// scaled after the dot product (the generic kernel scales the query first), so results differ from it by
+// rounding only.
 #pragma once
 
 #include "paged_attention.h"
@@ -21,7 +22,7 @@
 namespace paged_kernels {
 
 constexpr int64_t kKeysPerRun = 16;  // one score per lane of an fp32 vector
-constexpr int64_t kKeysPerChunk = 256;  // K/V rows of 256 keys: 16-128 KiB at head_dim 32-256
+constexpr int64_t kKeysPerChunk = 256;  // one kv head's K and V rows of 256 keys: 32-256 KiB at head_dim 32-256
 
 // Lane i of the result is the sum of all 16 lanes of v[i]; v is overwritten.
 inline __m512 lane_totals(__m512 v[16]) {
