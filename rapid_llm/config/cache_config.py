@@ -16,8 +16,7 @@ FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 NVFP4_KV_CACHE_DTYPE = "nvfp4"  # e2m1 codes with fp8 scales per 16 values (kv_quant.py)
 # The cache tensor's torch dtype for each quantized cache, by attribute name (this module stays torch-free;
 # kv_quant.py takes its dtypes from here): fp8 bytes, or NVFP4's packed codes and scales as uint8.
-FP8_KV_STORAGE = "float8_e4m3fn"
-NVFP4_KV_STORAGE = "uint8"
+KV_CACHE_STORAGE = {**dict.fromkeys(FP8_KV_CACHE_DTYPES, "float8_e4m3fn"), NVFP4_KV_CACHE_DTYPE: "uint8"}
 NOT_BUILT_KV_CACHE_DTYPES = ("fp8_e5m2",)
 
 
@@ -48,8 +47,8 @@ class CacheConfig:
             dtype_name(self.cache_dtype, "--kv-cache-dtype")
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        if self.cache_dtype in (*FP8_KV_CACHE_DTYPES, NVFP4_KV_CACHE_DTYPE):
+        if self.cache_dtype in KV_CACHE_STORAGE:
             import torch
 
-            return getattr(torch, FP8_KV_STORAGE if self.cache_dtype in FP8_KV_CACHE_DTYPES else NVFP4_KV_STORAGE)
+            return getattr(torch, KV_CACHE_STORAGE[self.cache_dtype])
         return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")

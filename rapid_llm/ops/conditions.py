@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
-from rapid_llm.utils.lazy_import import import_target
+from rapid_llm.utils.lazy_import import import_target, is_target
 
 CONDITION_KINDS = ("device", "sm", "dtype", "lib", "available", "predicate")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -76,8 +76,7 @@ class Conditions:
             raise ValueError(f"unknown condition kind(s) {sorted(unknown)}; known: {list(CONDITION_KINDS)}")
         devices = sm = dtypes = libs = None
         available = conditions.get("available")
-        if available is not None and not callable(available) and (
-                not isinstance(available, str) or ":" not in available):
+        if available is not None and not callable(available) and not is_target(available):
             raise ValueError(f"condition available={available!r} must be a callable or 'module:function'")
         if "device" in conditions:
             devices = _as_tuple(conditions["device"], "device")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 from rapid_llm.ops.conditions import Conditions
-from rapid_llm.utils.lazy_import import import_target
+from rapid_llm.utils.lazy_import import import_target, is_target
 
 OP_BACKEND_ENV = "RAPID_LLM_OP_BACKEND"
 
@@ -113,7 +113,7 @@ class OpRegistry:
         implementations = self._implementations.setdefault(name, [])
         if any(impl.backend == backend for impl in implementations):
             raise ValueError(f"op {name!r} already has a backend {backend!r}")
-        if not callable(fn) and (not isinstance(fn, str) or ":" not in fn):
+        if not callable(fn) and not is_target(fn):
             raise ValueError(f"op {name!r} backend {backend!r}: fn must be a callable or 'module:attribute'")
         parsed = conditions if isinstance(conditions, Conditions) else Conditions.parse(conditions)
         implementation = Implementation(name, backend, fn, priority, parsed)

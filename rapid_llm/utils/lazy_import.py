@@ -13,9 +13,17 @@ import importlib
 from typing import Any
 
 
+def is_target(text: object) -> bool:
+    """Whether `text` has a target's shape: a string "module:attribute", both parts non-empty."""
+    if not isinstance(text, str):
+        return False
+    module, colon, attribute = text.partition(":")
+    return bool(colon and module and attribute)
+
+
 def import_target(target: str) -> Any:
     """The attribute `target` ("module:attribute") names, importing its module."""
-    module, colon, attribute = target.partition(":")
-    if not colon or not module or not attribute:
+    if not is_target(target):
         raise ValueError(f"{target!r} is not a 'module:attribute' target")
+    module, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module), attribute)

@@ -3,7 +3,6 @@ cpu_fp32 linear (numerics of every implementation against torch_ref: tests/kerne
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from rapid_llm.ops.conditions import library_available
 from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
+from rapid_llm.utils.lazy_import import import_target
 
 MISSING_LIB = "rapid_llm_stand_in_library_that_does_not_exist"
 
@@ -333,9 +333,8 @@ def test_every_linear_backend_is_a_kernel_layers_can_prepare(backend: str) -> No
     """Layers call `prepare` then the kernel: every registered linear implementation must offer both,
     whether or not its conditions hold here (its module may need a missing library: then skip)."""
     implementation = next(impl for impl in REGISTRY.implementations("linear") if impl.backend == backend)
-    module, _, attribute = implementation.fn.partition(":")
     try:
-        kernel = getattr(importlib.import_module(module), attribute)
+        kernel = import_target(implementation.fn)
     except ImportError as error:
         pytest.skip(f"{backend}: {error}")
     assert isinstance(kernel, LinearKernel)

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rapid_llm.config.cache_config import FP8_KV_STORAGE, NVFP4_KV_STORAGE
+from rapid_llm.config.cache_config import KV_CACHE_STORAGE, NVFP4_KV_CACHE_DTYPE
 from rapid_llm.quantization.fp4_math import NVFP4_GROUP, nvfp4_dequantize, nvfp4_quantize_groups, pack_fp4
 
-FP8_KV_DTYPE = getattr(torch, FP8_KV_STORAGE)
+FP8_KV_DTYPE = getattr(torch, KV_CACHE_STORAGE["fp8"])
 FP8_MAX = torch.finfo(FP8_KV_DTYPE).max  # 448.0
-NVFP4_KV_DTYPE = getattr(torch, NVFP4_KV_STORAGE)  # no float KV dtype is uint8
+NVFP4_KV_DTYPE = getattr(torch, KV_CACHE_STORAGE[NVFP4_KV_CACHE_DTYPE])  # no float KV dtype is uint8
 _UNIT = torch.ones(())
 
 
