@@ -130,6 +130,11 @@ class ServerArgs:
     max_waiting_requests: int | None = field(default=None, metadata={"help": "Most requests waiting for a "
                                              "slot; one more is refused at once with 503 and Retry-After "
                                              "(default: unbounded, as vLLM and SGLang)."})
+    itl_target_ms: float | None = field(default=None, metadata={"help": "Inter-token latency target while a "
+                                        "long prompt arrives: a step carrying decodes takes only the prompt tokens "
+                                        "that keep its time, predicted from measured step times, within it "
+                                        "(at least 128 per step; default: off, chunks cut by the token budget "
+                                        "alone)."})
     watchdog_timeout: float = field(default=DEFAULT_WATCHDOG_TIMEOUT_S, metadata={"help": "Seconds one engine "
                                     "step may take before /health turns 503 and the log names the stuck "
                                     "process."})
@@ -269,6 +274,7 @@ class ServerArgs:
             max_waiting_requests=self.max_waiting_requests,
             watchdog_timeout=self.watchdog_timeout,
             speculative=speculative,
+            itl_target_ms=self.itl_target_ms,
         )
         return EngineConfig(
             model=model,

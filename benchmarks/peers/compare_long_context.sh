@@ -15,6 +15,7 @@
 #                even when a random prompt gains a token in re-encoding, as 8160 did)
 #   NUM_PROMPTS  prompts per run (default 4)
 #   MODEL_ROOT   where the checkpoint is built (default /tmp/rapid_llm-bench-models)
+#   RAPID_LLM_ARGS  extra launch_server flags for rapid_llm (e.g. "--itl-target-ms 250"; default none)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-benchmark-results/long-context-$(date +%Y%m%d-%H%M%S)}"
@@ -40,7 +41,9 @@ PY
 for system in $SYSTEMS; do
     log="$OUT/$system-server.log"
     if [ "$system" = rapid_llm ]; then
-        python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level info >"$log" 2>&1 &
+        # shellcheck disable=SC2086  # RAPID_LLM_ARGS is a list of flags
+        python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level info ${RAPID_LLM_ARGS:-} \
+            >"$log" 2>&1 &
     elif [ "$system" = llama_cpp ]; then
         gguf="$(benchmarks/peers/gguf_of.sh "$MODEL")"
         PARALLEL=$LLAMA_CPP_SLOTS CTX_PER_SLOT=$LLAMA_CPP_SLOT_TOKENS benchmarks/peers/serve_llama_cpp.sh "$gguf" \

@@ -19,7 +19,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
     a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
     stay unanswered before the engine is reported stuck. `speculative` turns speculative decoding on
-    (docs/spec_decode/README.md).
+    (docs/spec_decode/README.md). `itl_target_ms` (None: off) cuts prompt chunks while requests decode, so
+    a step is predicted, from measured step times, to take at most that long (scheduler_proc/step_cost.py).
     """
 
     max_model_len: int
@@ -34,6 +35,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting_requests: int | None = None
     watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S
     speculative: SpeculativeConfig | None = None
+    itl_target_ms: float | None = None
 
     def __post_init__(self) -> None:
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.
@@ -43,5 +45,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ValueError(f"--max-waiting-requests must be at least 1 (or unset), got {self.max_waiting_requests}")
+        if self.itl_target_ms is not None and not self.itl_target_ms > 0:
+            raise ValueError(f"--itl-target-ms must be positive milliseconds (or unset), got {self.itl_target_ms}")
         if not self.watchdog_timeout > 0:
             raise ValueError(f"--watchdog-timeout must be positive seconds, got {self.watchdog_timeout}")

@@ -183,6 +183,8 @@ class StepResult(_Message):
     collective_seconds: float = 0.0
     collective_calls: int = 0
     draft_token_ids: list[list[int]] = []
+    # Wall seconds from the step's launch to its tokens on the host (the scheduler's step cost model learns it).
+    step_seconds: float = 0.0
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------

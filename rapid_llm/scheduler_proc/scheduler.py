@@ -9,7 +9,8 @@ running list whose W beams share blocks; its next step depends on its result, so
 while one of its steps is in flight (other requests keep overlapping). With speculative decoding
 (`speculation.py`) a decode chunk also carries drafts (from the n-gram proposer here, or from the result of
 its previous step when the worker drafts), and a speculating request likewise waits for its result before its
-next step.
+next step. With an ITL target (`step_cost.py`) a step that carries decodes takes only the prompt tokens that
+keep its predicted time within the target.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 from rapid_llm.scheduler_proc.speculation import Speculation
+from rapid_llm.scheduler_proc.step_cost import PrefillAllowance, StepCostModel, step_features
 from rapid_llm.spec_decode.eligibility import speculation_blocker
 
 logger = logging.getLogger(__name__)
@@ -53,11 +55,13 @@ class _StepRecord:
     # Every chunk decodes (1 + its drafts tokens, then samples): the speed gate measures it (False without
     # speculation, where nobody reads it).
     decode_only: bool
+    features: tuple[int, int]  # (tokens, attention pairs): what the step cost model learns the time of
 
 
 @dataclass
 class _PlanDraft:
     budget: int
+    prefill: PrefillAllowance | None = None  # None: prompt chunks are cut by the token budget alone
     new_requests: list[NewRequest] = field(default_factory=list)
     chunks: list[ScheduledChunk] = field(default_factory=list)
     samplers: dict[int, tuple[RequestState, int]] = field(default_factory=dict)
@@ -94,6 +98,7 @@ class Scheduler:
         self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
         self._speculation = None if config.speculative is None else Speculation(config.speculative)
         self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
+        self._step_cost = None if config.itl_target_ms is None else StepCostModel()
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -132,7 +137,7 @@ class Scheduler:
     # ---- planning ----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
-        draft = _PlanDraft(budget=self.config.max_num_batched_tokens)
+        draft = _PlanDraft(budget=self.config.max_num_batched_tokens, prefill=self._prefill_allowance())
         preempted = self._schedule_running(draft)
         # After a preemption, admitting (even the victim, with a small chunk) would only thrash.
         if not preempted:
@@ -153,9 +158,24 @@ class Scheduler:
         decode_only = self._speculation is not None and not draft.new_requests and all(
             chunk.num_new_tokens == 1 + len(chunk.draft_token_ids) and chunk.slot in draft.samplers
             for chunk in draft.chunks)
-        self._inflight.append(_StepRecord(self._next_step_id, draft.samplers, decode_only))
+        features = step_features((chunk.num_computed_tokens, chunk.num_new_tokens) for chunk in draft.chunks)
+        self._inflight.append(_StepRecord(self._next_step_id, draft.samplers, decode_only, features))
         self._next_step_id += 1
         return plan
+
+    def _prefill_allowance(self) -> PrefillAllowance | None:
+        """The ITL target's cut on this step's prompt chunks, when a prompt waits beside decoding requests."""
+        if self._step_cost is None:
+            return None
+        decodes, prefilling = [], bool(self._waiting)
+        for request in self._running:
+            if request.num_tokens - request.num_computed_tokens > 1:
+                prefilling = True
+            else:
+                decodes.append((request.num_computed_tokens, 1))
+        if not prefilling:
+            return None
+        return PrefillAllowance.start(self._step_cost, self.config.itl_target_ms / 1000, decodes)
 
     def _schedule_running(self, draft: _PlanDraft) -> bool:
         """Give each running request its next chunk; returns whether anything was preempted."""
@@ -177,7 +197,7 @@ class Scheduler:
                 waits = request.num_placeholders and (request.draft_token_ids or self._drafts_after(request))
                 num_new = 0 if waits else (
                     1 + len(drafts) if drafts else self._num_new_tokens(request, request.num_computed_tokens,
-                                                                         draft.budget))
+                                                                         draft))
                 if num_new == 0:
                     index += 1
                     continue
@@ -205,7 +225,7 @@ class Scheduler:
                 return
             hits = self._prefix_cache.lookup(request)
             num_computed = len(hits) * self.config.block_size
-            num_new = self._num_new_tokens(request, num_computed, draft.budget)
+            num_new = self._num_new_tokens(request, num_computed, draft)
             # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
             num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
             # FCFS: nobody overtakes a request that cannot be admitted yet.
@@ -230,9 +250,11 @@ class Scheduler:
             )
             self._add_chunk(draft, request, num_new, cached_block_ids=hits)
 
-    def _num_new_tokens(self, request: RequestState, num_computed: int, budget: int) -> int:
+    def _num_new_tokens(self, request: RequestState, num_computed: int, draft: _PlanDraft) -> int:
         """Tokens to compute for `request` this step; 0 when its next sample would pass a limit."""
-        num_new = min(request.num_tokens - num_computed, budget)
+        num_new = min(request.num_tokens - num_computed, draft.budget)
+        if num_new > 1 and draft.prefill is not None:
+            num_new = draft.prefill.cap(num_computed, num_new)
         reaches_end = num_computed + num_new == request.num_tokens
         if reaches_end and not request.can_sample():
             return 0
@@ -249,6 +271,8 @@ class Scheduler:
         num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
         new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
+        if num_new > 1 and not drafts and draft.prefill is not None:
+            draft.prefill.count(request.num_computed_tokens, num_new)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
                                            cached_block_ids or [], drafts or [], self._drafts_after(request)))
         request.draft_token_ids = drafts or []
@@ -304,6 +328,8 @@ class Scheduler:
     def process_result(self, result: StepResult) -> None:
         record = self._pop_record(result)
         self._num_steps_done += 1
+        if self._step_cost is not None and result.step_seconds > 0:
+            self._step_cost.observe(record.features, result.step_seconds)
         # Failures first: recomputing the requests that read a failed request's blocks makes this
         # step's tokens of theirs stale (their epoch changes), so they are dropped below.
         for failure in result.failures:

@@ -16,6 +16,7 @@ unless a slot has structured output (`can_overlap`): its next mask needs this st
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import msgspec
@@ -38,11 +39,14 @@ class PendingResult:
     chunks: list[ScheduledChunk]
     output: PendingOutput | None
     failures: list[SlotFailure]
+    launched_at: float  # time.perf_counter() when the plan arrived at `launch`
 
     def result(self) -> StepResult:
         output = self.output.result() if self.output is not None else None
+        seconds = time.perf_counter() - self.launched_at
         if output is None:
-            return StepResult(step_id=self.step_id, slots=[], token_ids=[], failures=self.failures)
+            return StepResult(step_id=self.step_id, slots=[], token_ids=[], failures=self.failures,
+                              step_seconds=seconds)
         return StepResult(
             step_id=self.step_id,
             slots=[self.chunks[row].slot for row in output.rows],
@@ -52,6 +56,7 @@ class PendingResult:
             draft_token_ids=output.draft_token_ids,
             failures=self.failures,
             prompt_logprobs=output.prompt_logprobs,
+            step_seconds=seconds,
         )
 
 
@@ -91,6 +96,7 @@ class Worker:
             failures=[*result.failures, *self._fail_slots(rejected)])
 
     def launch(self, plan: StepPlan) -> PendingResult:
+        launched_at = time.perf_counter()
         if self.thread_policy is not None:
             self.thread_policy.apply(sum(chunk.num_new_tokens for chunk in plan.scheduled),
                                      sum(chunk.num_computed_tokens + chunk.num_new_tokens for chunk in plan.scheduled))
@@ -139,7 +145,7 @@ class Worker:
                 [chunk.slot for chunk in chunks if self.runner.samples(chunk)]))
             chunks = [chunk for chunk in chunks if chunk.slot not in self.failed_slots]
         output = self.runner.launch(chunks, self.structured) if chunks else None
-        return PendingResult(plan.step_id, chunks, output, failures)
+        return PendingResult(plan.step_id, chunks, output, failures, launched_at)
 
     def add_request(self, new: NewRequest) -> None:
         """Prepare the slot's state; raises if the request cannot be served, leaving the slot empty."""
