@@ -166,7 +166,7 @@ class ServerArgs:
                     parser.add_argument(item.metadata["off_flag"], dest=item.name, action="store_false",
                                         help=f"Turn {flags[0]} off.")
                 continue
-            kind = {"int": int, "int | None": int, "float": float}.get(str(item.type), str)
+            kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(item.type), str)
             parser.add_argument(*flags, type=kind, default=item.default,
                                 help=_with_default(item.metadata["help"], item.default))
 

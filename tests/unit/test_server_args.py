@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shutil
 import socket
@@ -89,6 +91,17 @@ def test_a_port_in_use_is_found_by_binding() -> None:
 def test_sglang_spellings_are_aliases() -> None:
     args = ServerArgs.from_cli(["--model-path", "/m", "--mem-fraction-static", "0.5"])
     assert (args.model, args.gpu_memory_utilization) == ("/m", 0.5)
+
+
+def test_numeric_flags_parse_as_numbers() -> None:
+    """Every int or float field, optional or not, reaches the config as a number (not the CLI's string)."""
+    numeric = [f for f in dataclasses.fields(ServerArgs) if str(f.type) in ("int", "int | None", "float", "float | None")]
+    argv = ["--model", "/m"]
+    for field in numeric:
+        argv += [f"--{field.name.replace('_', '-')}", "3"]
+    args = ServerArgs.from_cli(argv)
+    assert {field.name: getattr(args, field.name) for field in numeric} == {field.name: 3 for field in numeric}
+    assert isinstance(args.itl_target_ms, float)
 
 
 def test_serve_takes_the_model_as_a_positional_argument(capsys) -> None:
