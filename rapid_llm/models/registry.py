@@ -1,31 +1,17 @@
-"""Lazy model registry: HF architecture name -> "module:Class".
+"""The model registry: HF architecture name -> "module:Class", imported when that model is built.
 
-Model modules are imported only when that model is built, so importing the engine stays fast
-and a broken optional model can never break the others. Adding a model is one line here.
+A `utils.registry.Registry`, so importing the engine imports no model and a broken optional model can never
+break the others. Adding a model is one line here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rapid_llm.utils.lazy_import import import_target
+from rapid_llm.utils.registry import Registry
 
 if TYPE_CHECKING:
     import torch
-
-_MODELS: dict[str, str] = {
-    "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
-    "DeepseekV4ForCausalLM": "rapid_llm.models.deepseek_v4:DeepseekV4ForCausalLM",
-    "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
-    "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
-    "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
-    "Qwen2MoeForCausalLM": "rapid_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
-    "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
-}
-
 
 # Architectures that look related to a supported one but are not served, with what is missing. DeepSeek-V4.1's
 # config (vLLM's `deepseek_v41`) nests the text model under `text_config` and adds fields V4 has no
@@ -41,28 +27,40 @@ _REFUSED: dict[str, str] = {
 }
 
 
+_MODELS: Registry[type[torch.nn.Module]] = Registry("architecture", {
+    "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
+    "DeepseekV4ForCausalLM": "rapid_llm.models.deepseek_v4:DeepseekV4ForCausalLM",
+    "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
+    "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
+    "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "rapid_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
+}, refused=_REFUSED)
+
+
 def refusal_reason(architecture: str) -> str | None:
     """Why `architecture` is refused, for the related architectures named in _REFUSED; else None."""
-    return _REFUSED.get(architecture)
+    return _MODELS.refusal_reason(architecture)
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+    return _MODELS.names()
 
 
 def check_supported(architecture: str) -> None:
     """Raise ValueError, listing what is supported, unless `architecture` is (imports no model)."""
-    reason = refusal_reason(architecture)
-    if reason is not None:
-        raise ValueError(reason)
-    if architecture not in _MODELS:
+    if architecture not in _MODELS and refusal_reason(architecture) is None:
         raise ValueError(
             f"Model architecture {architecture!r} is not supported by rapid_llm. "
             f"Supported architectures: {', '.join(supported_architectures())}"
         )
+    _MODELS.check(architecture)  # raises the refusal's reason
 
 
 def resolve_model_class(architecture: str) -> type[torch.nn.Module]:
     """Import and return the class for `architecture`; unknown names list what is supported."""
     check_supported(architecture)
-    return import_target(_MODELS[architecture])
+    return _MODELS.get(architecture)

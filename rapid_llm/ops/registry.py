@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from rapid_llm.config.dtypes import dtype_name
 from rapid_llm.ops.conditions import Conditions
-from rapid_llm.utils.lazy_import import import_target, is_target
+from rapid_llm.utils.lazy_import import is_target
+from rapid_llm.utils.registry import Registry
 
 OP_BACKEND_ENV = "RAPID_LLM_OP_BACKEND"
 
@@ -105,18 +106,18 @@ class OpRegistry:
         self._implementations: dict[str, list[Implementation]] = {}
         self._ops: dict[str, Op] = {}
         self._overrides: dict[str, str] = {}
-        self._loaded: dict[tuple[str, str], Callable[..., Any]] = {}
+        # "op=backend" -> its function (a "module:attribute" target until first selected).
+        self._functions: Registry[Callable[..., Any]] = Registry("op backend")
         self._capability = capability
 
     def register(self, *, name: str, backend: str, fn: Callable[..., Any] | str, priority: int = 0,
                  conditions: dict[str, Any] | Conditions | None = None) -> Implementation:
-        implementations = self._implementations.setdefault(name, [])
-        if any(impl.backend == backend for impl in implementations):
-            raise ValueError(f"op {name!r} already has a backend {backend!r}")
         if not callable(fn) and not is_target(fn):
             raise ValueError(f"op {name!r} backend {backend!r}: fn must be a callable or 'module:attribute'")
         parsed = conditions if isinstance(conditions, Conditions) else Conditions.parse(conditions)
+        self._functions.register(f"{name}={backend}", fn)
         implementation = Implementation(name, backend, fn, priority, parsed)
+        implementations = self._implementations.setdefault(name, [])
         implementations.append(implementation)
         implementations.sort(key=lambda impl: -impl.priority)  # stable: equal priorities keep registration order
         if name in self._ops:
@@ -211,12 +212,7 @@ class OpRegistry:
         return described
 
     def _load(self, impl: Implementation) -> Callable[..., Any]:
-        if callable(impl.fn):
-            return impl.fn
-        key = (impl.op, impl.backend)
-        if key not in self._loaded:
-            self._loaded[key] = import_target(impl.fn)
-        return self._loaded[key]
+        return self._functions.get(f"{impl.op}={impl.backend}")
 
 
 def parse_op_backends(text: str | None, source: str = "--op-backend") -> dict[str, str]:

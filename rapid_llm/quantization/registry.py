@@ -12,18 +12,18 @@ import importlib
 from typing import Any, Callable
 
 from rapid_llm.quantization.base import QuantizationConfig, config_error
+from rapid_llm.utils.registry import Registry
 
-CHECKPOINT_PARSERS: dict[str, Callable[[dict[str, Any]], QuantizationConfig]] = {}
-ONLINE_CONFIGS: dict[str, QuantizationConfig] = {}
+CHECKPOINT_PARSERS: Registry[Callable[[dict[str, Any]], QuantizationConfig]] = Registry("quant_method")
+ONLINE_CONFIGS: Registry[QuantizationConfig] = Registry("--quantization method")
 
 
 def register_quantization(checkpoint: dict[str, Callable[[dict[str, Any]], QuantizationConfig]],
                           online: dict[str, QuantizationConfig]) -> None:
-    taken = (set(checkpoint) & set(CHECKPOINT_PARSERS)) | (set(online) & set(ONLINE_CONFIGS))
-    if taken:
-        raise ValueError(f"quantization names registered twice: {sorted(taken)}")
-    CHECKPOINT_PARSERS.update(checkpoint)
-    ONLINE_CONFIGS.update(online)
+    for name, parser in checkpoint.items():
+        CHECKPOINT_PARSERS.register(name, parser)
+    for name, config in online.items():
+        ONLINE_CONFIGS.register(name, config)
 
 
 def online_names() -> list[str]:
@@ -44,9 +44,9 @@ def resolve_quantization(quantization_config: Any, flag: str | None) -> Quantiza
         if flag is not None and flag != method:
             raise ValueError(f"--quantization {flag}: the checkpoint is already quantized ({method}); "
                              f"drop the flag or pass --quantization {method}")
-        return CHECKPOINT_PARSERS[method](quantization_config)
+        return CHECKPOINT_PARSERS.get(method)(quantization_config)
     if flag is None:
         return None
     if flag not in names:
         raise ValueError(f"--quantization {flag!r} is not an online method; choose one of {', '.join(names)}")
-    return ONLINE_CONFIGS[flag]
+    return ONLINE_CONFIGS.get(flag)

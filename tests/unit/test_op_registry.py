@@ -230,7 +230,7 @@ def test_override_of_an_unknown_name_is_refused(overrides: dict[str, str], messa
 
 def test_registration_is_validated() -> None:
     registry = two_implementations({})
-    with pytest.raises(ValueError, match="already has a backend 'ref'"):
+    with pytest.raises(ValueError, match="op backend 'demo=ref' is registered already"):
         registry.register(name="demo", backend="ref", fn=lambda x: x)
     with pytest.raises(ValueError, match=r"unknown condition kind\(s\) \['shape'\]"):
         registry.register(name="demo", backend="other", fn=lambda x: x, conditions={"shape": ">4"})
