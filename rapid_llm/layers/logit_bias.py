@@ -2,8 +2,8 @@
 
 Kept sparse: a few (row, token, bias) triples scattered into the logits with one `index_put_`, since a
 request biases a handful of tokens out of a vocabulary of tens of thousands. SamplingParams.validate has
-checked the values against [-100, 100]; `build` refuses ids past the logits (the worker builds each
-request's alone when it is added, so such a request fails alone, whichever entry point sent it).
+checked the values against [-100, 100] and the scheduler's admission the ids against the vocabulary;
+`build` still refuses ids past the logits rather than scatter out of bounds.
 Usage: `bias = LogitBias.build(params_per_row, vocab_size, device)` (None if no row has one);
 `bias.apply(logits)`.
 """

@@ -41,7 +41,8 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
     vocab_size = config.vocab_size
     if vocab_size is not None:
         for name, ids in (("prompt token ids", request.prompt_token_ids),
-                          ("stop_token_ids", request.params.stop_token_ids)):
+                          ("stop_token_ids", request.params.stop_token_ids),
+                          ("logit_bias token ids", list(request.params.logit_bias or ()))):
             if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
                 raise RequestRejected(f"request {request_id}: {name} must be in [0, {vocab_size})")
     if request.params.use_beam_search:

@@ -39,7 +39,7 @@ class Drafting:
     def __init__(self, proposer: ModelProposer, config: SpeculativeConfig, batch: InputBatch,
                  tap: HiddenStateTap) -> None:
         self.proposer, self.config, self.batch, self.tap = proposer, config, batch, tap
-        rows = batch.max_num_seqs + 1
+        rows = batch.max_num_seqs
         self.eligible = np.zeros(rows, dtype=bool)
         self.wanted = np.ones(rows, dtype=bool)  # per step from the plan (`ScheduledChunk.draft_after`)
         self.max_tokens = np.zeros(rows, dtype=np.int64)

@@ -9,8 +9,8 @@ fills its row once, released slots are reset, new block ids are scattered into t
 before their values reach the host, which is what lets the next step launch before the copy back. Drafts
 (speculative decoding) are written after a row's tokens and counted as known until the scheduler's
 `Rollback` sets the row's true count and cuts its block table.
-One extra row, `padding_slot`, and one KV block, `padding_block`, serve padded rows (CUDA graph
-buckets): a padded row reads and writes only that block, never live KV.
+Padded rows (CUDA graph buckets) are not rows here: their buffers point at the KV block `padding_block`, so
+they read and write only that block, never live KV (cuda_graphs.py).
 
 Usage:
     batch.add(slot, request_id, token_ids, num_prompt_tokens, params)  # raises if the request cannot be served
@@ -39,11 +39,10 @@ class InputBatch:
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.padding_block = padding_block
-        self.padding_slot = max_num_seqs
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = device
-        rows = max_num_seqs + 1
+        rows = max_num_seqs
         self.max_blocks = -(-max_model_len // block_size)
         # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
         self.token_pool = torch.zeros(rows, max_model_len + 1, dtype=torch.int32, device=device)

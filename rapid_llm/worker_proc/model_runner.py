@@ -197,7 +197,6 @@ class ModelRunner:
     def start_request(self, request_id: str, slot: int, token_ids: Sequence[int], num_prompt_tokens: int,
                       params: SamplingParams) -> None:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
-        LogitBias.build([params], self.model_config.vocab_size, torch.device("cpu"))
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
         if self.drafting is not None:
             self.drafting.add(slot, params)

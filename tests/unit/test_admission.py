@@ -36,6 +36,7 @@ def request(request_id: str, prompt: list[int] | None = None, **params: object) 
         {"top_k": 2**64 - 1},
         {"stop_token_ids": [2**64 - 1], "min_tokens": 2},
         {"stop_token_ids": [VOCAB]},
+        {"logit_bias": {VOCAB: 1.0}},
         {"max_tokens": 0},
     ],
 )

@@ -180,12 +180,6 @@ def test_logit_bias_moves_the_greedy_pick() -> None:
         LogitBias.build([SamplingParams(logit_bias={3: 1.0})], 3, torch.device("cpu"))
 
 
-def test_a_logit_bias_past_the_vocabulary_aborts_only_its_request(runner: ModelRunner) -> None:
-    """The offline LLM skips the frontend's check: the worker's own refuses it when the request is added."""
-    failing = greedy("failing", SHARED_PROMPT, logit_bias={10**6: 1.0})
-    assert "outside the vocabulary" in check_only_the_failing_request_aborts(runner, failing)
-
-
 def test_a_grammar_that_fails_to_compile_aborts_only_its_request(runner: ModelRunner) -> None:
     failing = greedy("failing", SHARED_PROMPT, structured_outputs=StructuredOutputsParams(regex="(unclosed"))
     assert "structured output" in check_only_the_failing_request_aborts(runner, failing)
