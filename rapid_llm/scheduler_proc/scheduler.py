@@ -9,8 +9,9 @@ running list whose W beams share blocks; its next step depends on its result, so
 while one of its steps is in flight (other requests keep overlapping). With speculative decoding
 (`speculation.py`) a decode chunk also carries drafts (from the n-gram proposer here, or from the result of
 its previous step when the worker drafts), and a speculating request likewise waits for its result before its
-next step. With an ITL target (`step_cost.py`) a step that carries decodes takes only the prompt tokens that
-keep its predicted time within the target.
+next step. A cost model fitted to measured step times (`step_cost.py`) shapes prompt chunks: a long step where a
+prompt ends takes no other prompt, and with an ITL target a step that carries decodes takes only the prompt
+tokens that keep its predicted time within the target.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Scheduler:
         self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
         self._speculation = None if config.speculative is None else Speculation(config.speculative)
         self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
-        self._step_cost = None if config.itl_target_ms is None else StepCostModel()
+        self._step_cost = StepCostModel()
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -164,9 +165,7 @@ class Scheduler:
         return plan
 
     def _prefill_allowance(self) -> PrefillAllowance | None:
-        """The ITL target's cut on this step's prompt chunks, when a prompt waits beside decoding requests."""
-        if self._step_cost is None:
-            return None
+        """The cost model's cut on this step's prompt chunks, when a prompt waits or is being prefilled."""
         decodes, prefilling = [], bool(self._waiting)
         for request in self._running:
             if request.num_tokens - request.num_computed_tokens > 1:
@@ -175,7 +174,8 @@ class Scheduler:
                 decodes.append((request.num_computed_tokens, 1))
         if not prefilling:
             return None
-        return PrefillAllowance.start(self._step_cost, self.config.itl_target_ms / 1000, decodes)
+        target = None if self.config.itl_target_ms is None else self.config.itl_target_ms / 1000
+        return PrefillAllowance.start(self._step_cost, target, decodes)
 
     def _schedule_running(self, draft: _PlanDraft) -> bool:
         """Give each running request its next chunk; returns whether anything was preempted."""
@@ -272,7 +272,8 @@ class Scheduler:
         new_block_ids = self._blocks.allocate(num_blocks)
         request.block_ids.extend(new_block_ids)
         if num_new > 1 and not drafts and draft.prefill is not None:
-            draft.prefill.count(request.num_computed_tokens, num_new)
+            draft.prefill.count(request.num_computed_tokens, num_new,
+                                ends_prompt=request.num_computed_tokens + num_new == request.num_tokens)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
                                            cached_block_ids or [], drafts or [], self._drafts_after(request)))
         request.draft_token_ids = drafts or []
@@ -328,7 +329,7 @@ class Scheduler:
     def process_result(self, result: StepResult) -> None:
         record = self._pop_record(result)
         self._num_steps_done += 1
-        if self._step_cost is not None and result.step_seconds > 0:
+        if result.step_seconds > 0:
             self._step_cost.observe(record.features, result.step_seconds)
         # Failures first: recomputing the requests that read a failed request's blocks makes this
         # step's tokens of theirs stale (their epoch changes), so they are dropped below.

@@ -3,9 +3,10 @@
 A step costs about `a + b * tokens + c * pairs`, where `pairs` counts the (query, key) pairs causal attention
 computes: a chunk of n new tokens after c computed ones has n*c + n*(n+1)/2. The three coefficients are fitted
 to the steps measured so far (least squares with every coefficient kept non-negative, older steps weighted
-less), so the model follows the machine, the model size and the thread count actually in use. While requests
-are decoding, `PrefillAllowance` cuts the step's prompt chunks so the predicted step stays within the target:
-a long prompt is prefilled in pieces between decode tokens instead of one step that stalls them all.
+less), so the model follows the machine, the model size and the thread count actually in use. With an ITL
+target, `PrefillAllowance` cuts a step's prompt chunks while requests decode, so the predicted step stays within
+it: a long prompt is prefilled in pieces between decode tokens instead of one step that stalls them all. And a
+step where a prompt ends takes no further prompt once the step is long (below): first tokens come sooner.
 Usage: `model.observe(step_features(chunks), seconds)`; `allowance = PrefillAllowance.start(model, target,
 decodes)`, then `allowance.cap(...)` a chunk's length and `allowance.count(...)` the chunk scheduled.
 """
@@ -27,6 +28,8 @@ MIN_PREFILL_SEEN = 64
 # The smallest prompt chunk a step is cut to, so a prompt always progresses (even when decodes alone exceed
 # the target) and a step's weight reads are shared by a useful number of rows.
 MIN_PREFILL_CHUNK = 128
+# A step whose finished prompt costs this many times the step's constant part takes no other prompt.
+PACKING_RATIO = 10.0
 
 
 def attention_pairs(num_computed: int, num_new: int) -> int:
@@ -99,23 +102,35 @@ class StepCostModel:
 
 
 class PrefillAllowance:
-    """The prompt tokens one step may still take, given its decodes and the ITL target."""
+    """The prompt tokens one step may still take: two rules from the fitted cost.
 
-    def __init__(self, model: StepCostModel, target_seconds: float, decodes: list[tuple[int, int]]) -> None:
+    ITL target (when set and the step carries decodes): prompt chunks only while the predicted step stays
+    within it. One finished prompt per long step: once a chunk that ends a prompt costs at least
+    `PACKING_RATIO` times the step's constant part, no further prompt joins the step. Packing several prompts
+    into a step whose time is linear in its tokens only delays the first one's first token (TTFT) without
+    saving time; where the constant dominates (small models, GPUs) they are still packed.
+    """
+
+    def __init__(self, model: StepCostModel, target_seconds: float | None, decodes: list[tuple[int, int]]) -> None:
         self._model = model
-        self._left = target_seconds - model.predict(step_features(decodes))
+        self._constant = model.predict((0, 0))
+        protect = target_seconds is not None and decodes
+        self._left = target_seconds - model.predict(step_features(decodes)) if protect else None
         self._granted = 0
+        self._finished = False  # a prompt ended in this step with a chunk long enough to stop packing
 
     @classmethod
-    def start(cls, model: StepCostModel | None, target_seconds: float | None,
+    def start(cls, model: StepCostModel, target_seconds: float | None,
               decodes: list[tuple[int, int]]) -> PrefillAllowance | None:
-        """None (no cut) without a target, a fitted model, or a decode in the step to protect."""
-        if model is None or target_seconds is None or not decodes or not model.ready:
-            return None
-        return cls(model, target_seconds, decodes)
+        """None (prompts cut by the token budget alone) until the model has a fit from a prompt-sized step."""
+        return cls(model, target_seconds, decodes) if model.ready else None
 
     def cap(self, num_computed: int, wanted: int) -> int:
-        """How many of `wanted` prompt tokens after `num_computed` fit what is left of the target."""
+        """How many of `wanted` prompt tokens after `num_computed` this step may take."""
+        if self._finished:
+            return 0
+        if self._left is None:
+            return wanted
         fits = self._model.max_new_tokens(num_computed, self._left)
         smallest = min(wanted, MIN_PREFILL_CHUNK)
         if fits >= smallest:
@@ -123,10 +138,13 @@ class PrefillAllowance:
         # Too little left for a useful chunk: the step's first prompt chunk still progresses, later ones wait.
         return smallest if self._granted == 0 else 0
 
-    def count(self, num_computed: int, num_new: int) -> None:
+    def count(self, num_computed: int, num_new: int, ends_prompt: bool) -> None:
         """A prompt chunk was scheduled: its cost comes off what is left."""
-        self._left -= self._model.chunk_seconds(num_computed, num_new)
+        seconds = self._model.chunk_seconds(num_computed, num_new)
+        if self._left is not None:
+            self._left -= seconds
         self._granted += num_new
+        self._finished = ends_prompt and seconds >= PACKING_RATIO * self._constant
 
 
 def _scaled(features: tuple[int, int]) -> list[float]:

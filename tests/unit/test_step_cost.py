@@ -1,8 +1,9 @@
-"""The step cost model and the ITL target's cut on prompt chunks (scheduler_proc/step_cost.py).
+"""The step cost model and its two cuts on prompt chunks (scheduler_proc/step_cost.py).
 
 The scheduler tests drive the real Scheduler against the faithful fake worker of test_scheduler.py, whose
-steps report a synthetic time computed from what they ran: greedy outputs must equal the reference with the
-target on and off, and with it on a prompt arriving beside decodes must be cut to fit the target.
+steps report a synthetic time computed from what they ran (or no time, so the model never fits: the cuts are
+off): greedy outputs must equal the reference either way; with the cuts a burst of long prompts ends one
+prompt per step, and with the ITL target a prompt arriving beside decodes is cut to fit the target.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult
 from rapid_llm.scheduler_proc.scheduler import Scheduler
-from rapid_llm.scheduler_proc.step_cost import (MIN_PREFILL_CHUNK, PrefillAllowance, StepCostModel,
-                                                attention_pairs, step_features)
+from rapid_llm.scheduler_proc.step_cost import (MIN_PREFILL_CHUNK, PACKING_RATIO, PrefillAllowance,
+                                                StepCostModel, attention_pairs, step_features)
 from tests.unit.test_scheduler import FakeWorker, _Collector, expected_outcomes, hashed_model, make_config, request
 
 CONSTANT, PER_TOKEN, PER_PAIR = 2e-3, 3e-5, 6e-9
@@ -70,14 +71,27 @@ def test_max_new_tokens_is_the_longest_chunk_that_fits() -> None:
     assert model.max_new_tokens(0, 0.0) == 0
 
 
-def test_no_cut_without_a_decode_a_target_or_a_prefill_seen() -> None:
-    model = observed_model(random.Random(2))
-    assert PrefillAllowance.start(model, 0.01, []) is None
-    assert PrefillAllowance.start(model, None, [(100, 1)]) is None
-    assert PrefillAllowance.start(None, 0.01, [(100, 1)]) is None
+def test_no_allowance_before_a_prompt_sized_step_and_no_itl_cut_without_target_or_decodes() -> None:
     decodes_only = StepCostModel()
     decodes_only.observe((1, 100), 0.002)
     assert PrefillAllowance.start(decodes_only, 0.01, [(100, 1)]) is None
+    model = observed_model(random.Random(2))
+    for target, decodes in [(None, [(100, 1)]), (0.001, [])]:
+        allowance = PrefillAllowance.start(model, target, decodes)
+        assert allowance is not None and allowance.cap(0, 2048) == 2048
+
+
+def test_a_long_step_where_a_prompt_ends_takes_no_other_prompt() -> None:
+    model = observed_model(random.Random(6))
+    allowance = PrefillAllowance.start(model, None, [])
+    # A 20-token prompt costs less than PACKING_RATIO times the step's constant: others still join.
+    assert model.chunk_seconds(0, 20) < PACKING_RATIO * model.predict((0, 0))
+    allowance.count(0, 20, ends_prompt=True)
+    assert allowance.cap(0, 1000) == 1000
+    allowance.count(0, 1000, ends_prompt=False)  # a chunk that does not end its prompt: others still join
+    assert allowance.cap(0, 1000) == 1000
+    allowance.count(0, 1000, ends_prompt=True)
+    assert allowance.cap(0, 1000) == 0
 
 
 def test_the_first_chunk_always_progresses_and_later_ones_wait() -> None:
@@ -87,7 +101,7 @@ def test_the_first_chunk_always_progresses_and_later_ones_wait() -> None:
     assert allowance is not None
     assert allowance.cap(0, 2048) == MIN_PREFILL_CHUNK
     assert allowance.cap(0, 20) == 20  # a prompt's short tail is taken whole
-    allowance.count(0, MIN_PREFILL_CHUNK)
+    allowance.count(0, MIN_PREFILL_CHUNK, ends_prompt=False)
     assert allowance.cap(0, 2048) == 0
 
 
@@ -96,7 +110,7 @@ def test_chunks_share_what_is_left_of_the_target() -> None:
     decodes = [(1000, 1)] * 2
     allowance = PrefillAllowance.start(model, 0.02, decodes)
     first = allowance.cap(500, 2048)
-    allowance.count(500, first)
+    allowance.count(500, first, ends_prompt=False)
     second = allowance.cap(0, 2048)
     assert MIN_PREFILL_CHUNK <= first < 2048 and second < first
     step = step_features([*decodes, (500, first), (0, second)])
@@ -122,12 +136,25 @@ def long_prompt_events() -> dict[int, list[GenerateRequest]]:
     }
 
 
-def run_long_prompt_beside_decodes(itl_target_ms: float | None, depth: int) -> TimedWorker:
-    """Drive the scheduler with `depth` plans in flight; the outputs must equal the reference."""
-    config = make_config(max_model_len=1024, block_size=16, max_num_seqs=4, max_num_batched_tokens=512,
-                         num_kv_blocks=200, itl_target_ms=itl_target_ms)
-    events = long_prompt_events()
-    scheduler, worker, collector = Scheduler(config), TimedWorker(config, hashed_model), _Collector()
+def burst_events() -> dict[int, list[GenerateRequest]]:
+    """A warm-up request (a prompt-sized step to fit the model on), then three 1000-token prompts at once."""
+    rng = random.Random(7)
+    return {
+        0: [request("warm-up", [rng.randrange(24) for _ in range(600)], max_tokens=2, ignore_eos=True)],
+        6: [request(f"burst{i}", [rng.randrange(24) for _ in range(1000)], max_tokens=4, ignore_eos=True)
+            for i in range(3)],
+    }
+
+
+def drive_timed(events: dict[int, list[GenerateRequest]], depth: int, itl_target_ms: float | None = None,
+                timed: bool = True) -> FakeWorker:
+    """Drive the scheduler with `depth` plans in flight (steps timed, or reporting no time: the cost model then
+    never fits); the outputs must equal the reference."""
+    config = make_config(max_model_len=1024, block_size=16, max_num_seqs=4, max_num_batched_tokens=2048,
+                         num_kv_blocks=300, itl_target_ms=itl_target_ms)
+    expected = expected_outcomes(events, config, hashed_model)
+    worker = (TimedWorker if timed else FakeWorker)(config, hashed_model)
+    scheduler, collector, events = Scheduler(config), _Collector(), dict(events)
     sent: deque[StepPlan] = deque()
     for iteration in range(2000):
         for event in events.pop(iteration, []):
@@ -140,17 +167,27 @@ def run_long_prompt_beside_decodes(itl_target_ms: float | None, depth: int) -> T
             scheduler.process_result(worker.execute(sent.popleft()))
         elif not events and not scheduler.has_unfinished_requests():
             break
-    assert collector.outcomes == expected_outcomes(long_prompt_events(), config, hashed_model)
+    assert collector.outcomes == expected
     return worker
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
+def test_a_burst_of_long_prompts_ends_one_prompt_per_step_and_keeps_outputs(depth: int) -> None:
+    def most_prompts_ended_in_a_step(worker: FakeWorker) -> int:
+        return max(sum(c.num_new_tokens >= 500 and c.num_computed_tokens + c.num_new_tokens == 1000
+                       for c in plan.scheduled) for plan in worker.plans)
+
+    assert most_prompts_ended_in_a_step(drive_timed(burst_events(), depth)) == 1
+    assert most_prompts_ended_in_a_step(drive_timed(burst_events(), depth, timed=False)) == 2
 
 
 @pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
 def test_the_target_cuts_a_prompt_arriving_beside_decodes_and_keeps_outputs(depth: int) -> None:
     target_ms = 8.0
-    worker_on = run_long_prompt_beside_decodes(target_ms, depth)
-    worker_off = run_long_prompt_beside_decodes(None, depth)
+    worker_on = drive_timed(long_prompt_events(), depth, itl_target_ms=target_ms)
+    worker_off = drive_timed(long_prompt_events(), depth)
 
-    def mixed_steps(worker: TimedWorker) -> list[tuple[float, int]]:
+    def mixed_steps(worker: FakeWorker) -> list[tuple[float, int]]:
         """(synthetic seconds, prompt tokens) of every step with both a decode and a prompt chunk."""
         steps = []
         for plan in worker.plans:
