@@ -16,6 +16,7 @@ one target token (`_sample_speculative`); steps without drafts take the single-t
 (`--speculative-config` draft_model; `drafting.py`) runs after every step and its drafts ride in the result.
 Requests that asked for
 prompt logprobs get them from the same step's hidden states (read on the host at once: the one exception).
+`step_rows` holds per-request values that wrapped layers read per token (layers/step_rows.py).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
 
@@ -36,6 +37,7 @@ from rapid_llm.distributed import tp_broadcast
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
+from rapid_llm.layers.step_rows import StepRows
 from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
@@ -143,6 +145,8 @@ class ModelRunner:
         self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, cache_config.block_size,
                                       self.padding_block, model_config.vocab_size, model_config.eos_token_ids,
                                       self.device)
+        # Per-request values that wrapped layers read per token (layers/step_rows.py); empty unless a feature adds one.
+        self.step_rows = StepRows(max_num_seqs, self.device)
         self.drafting = None
         if proposer is not None:
             proposer.bind_kv(KVBinding(self.kv_cache.num_blocks, self.padding_block, self.kv_cache.num_blocks))
@@ -198,11 +202,13 @@ class ModelRunner:
                       params: SamplingParams) -> None:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
+        self.step_rows.start(slot, params)
         if self.drafting is not None:
             self.drafting.add(slot, params)
 
     def release(self, slots: Sequence[int]) -> None:
         self.input_batch.release(slots)
+        self.step_rows.release(slots)
         if self.drafting is not None:
             self.drafting.release(slots)
 
@@ -363,13 +369,16 @@ class ModelRunner:
                             [batch.host_block_tables[slot] for slot in slots.tolist()], self.cache_config.block_size,
                             block_table=batch.block_table[slots_on_device, :width])
         decode = int(query_lens.max()) == 1
-        if decode and self.decode_graphs is not None:
+        # A graph would replay the step rows of its capture: with any column, decodes run eagerly.
+        if decode and self.decode_graphs is not None and not self.step_rows.active:
             common = build_common_metadata(layout, self.device)
             hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
             if hidden_states is not None:
                 return hidden_states
         attention = self.backend.build_metadata(layout, self.device)
         input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
+        if self.step_rows.active:
+            self.step_rows.begin_step(slots_on_device, attention.seq_index)
         model = self.decode_model if decode else self.model
         return model(ForwardBatch(input_ids=input_ids, attention=attention))
 
