@@ -148,7 +148,7 @@ def prefix_order_section(directory: Path) -> str:
 
 def long_context_section(directory: Path) -> str:
     header = ["system", "input len (requested)", "conc.", "prefill tok/s (input / TTFT)", "TTFT P50 ms", "TPOT P50 ms",
-              "output tok/s", "KV capacity (requests)"]
+              "TPOT P99 ms", "ITL P99 ms", "output tok/s", "KV capacity (requests)"]
     rows = []
     for name, r in runs(directory, "*.json"):
         system, length, concurrency = name.rsplit("-", 2)
@@ -160,7 +160,7 @@ def long_context_section(directory: Path) -> str:
         capacity = f"{kv_tokens // int(mean_input + output_len)}" if kv_tokens else "–"
         rows.append([system, int(length), concurrency.removeprefix("c"),
                      mean_input / (r["median_ttft_ms"] / 1000), r["median_ttft_ms"], r["median_tpot_ms"],
-                     r["output_throughput"], capacity])
+                     r.get("p99_tpot_ms", "–"), r.get("p99_itl_ms", "–"), r["output_throughput"], capacity])
     rows.sort(key=lambda row: (row[1], int(row[2]), row[0]))
     return "### Long context\n\n" + table(header, rows)
 

@@ -49,9 +49,9 @@ def test_long_context_summary_reads_kv_capacity_from_server_info_or_sidecar(tmp_
     write(tmp_path / "vllm-1000-c1.json", result("vllm", "m", 1, 1000, environment={"server_info": None}))
     (tmp_path / "vllm-kv-cache-tokens.txt").write_text("2064")
     text = workload_summary.summarize("long-context", tmp_path)
-    # input 1000 / TTFT 100 ms = 10000 tok/s; capacity = KV tokens // (1000 + 32).
-    assert "| rapid_llm | 1000 | 1 | 10000.0 | 100.0 | 5.0 | 100.0 | 10 |" in text
-    assert "| vllm | 1000 | 1 | 10000.0 | 100.0 | 5.0 | 100.0 | 2 |" in text
+    # input 1000 / TTFT 100 ms = 10000 tok/s; TPOT and ITL P99 as saved; capacity = KV tokens // (1000 + 32).
+    assert "| rapid_llm | 1000 | 1 | 10000.0 | 100.0 | 5.0 | 99.0 | 99.0 | 100.0 | 10 |" in text
+    assert "| vllm | 1000 | 1 | 10000.0 | 100.0 | 5.0 | 99.0 | 99.0 | 100.0 | 2 |" in text
     with pytest.raises(ValueError, match="no long-context results"):
         workload_summary.summarize("long-context", tmp_path / "absent")
 
