@@ -15,6 +15,7 @@ import time
 
 from rapid_llm.ipc.messages import BeamSequence, ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
+from rapid_llm.scheduler_proc.step_policy import PLAIN, StepPolicy
 from rapid_llm.utils.block_hash import BlockHash, hash_block
 
 
@@ -68,6 +69,7 @@ class RequestState:
         self.first_token_at: float | None = None
         # A beam search's live beams (the scheduler sets it), and its n best beams once it has finished.
         self.beam: BeamGroup | None = None
+        self.policy: StepPolicy = PLAIN  # what it asks of each step; the scheduler sets it on arrival
         self.beam_outputs: list[BeamSequence] = []
 
     @property

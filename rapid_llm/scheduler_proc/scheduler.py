@@ -1,17 +1,15 @@
 """The scheduling policy: one token budget per step, shared by decodes, prefill chunks and admissions.
 
-Pure bookkeeping: no sockets, no tensors. A plan may be made before the previous step's tokens are
-known (async scheduling), so every plan records which request, in which preemption epoch, held each
-sampling slot; results are mapped through that record and land on the right request or are dropped.
-With prefix caching, a request is admitted with the longest run of cached full blocks that matches
-its tokens and computes only the rest. A beam-search request (`beam_group.py`) is one entry of the
-running list whose W beams share blocks; its next step depends on its result, so it is never planned
-while one of its steps is in flight (other requests keep overlapping). With speculative decoding
-(`speculation.py`) a decode chunk also carries drafts (from the n-gram proposer here, or from the result of
-its previous step when the worker drafts), and a speculating request likewise waits for its result before its
-next step. A cost model fitted to measured step times (`step_cost.py`) shapes prompt chunks: a long step where a
-prompt ends takes no other prompt, and with an ITL target a step that carries decodes takes only the prompt
-tokens that keep its predicted time within the target.
+Pure bookkeeping: no sockets, no tensors. Each running request's step is what its step policy asks for
+(`step_policy.py`: plain, speculative, beam). A plan may be made before the previous step's tokens are known
+(async scheduling), so every plan records which request, in which preemption epoch, held each sampling slot;
+results are mapped through that record and land on the right request or are dropped. With prefix caching, a
+request is admitted with the longest run of cached full blocks that matches its tokens and computes only the
+rest. A beam-search request (`beam_group.py`) is one entry of the running list whose W beams share blocks;
+like a speculating request (`speculation.py`: drafts from the n-gram proposer here, or from the worker's
+result), its next step waits for its previous result while other requests keep overlapping. A cost model
+fitted to measured step times (`step_cost.py`) shapes prompt chunks: a long step where a prompt ends takes no
+other prompt, and with an ITL target a step carrying decodes takes only the prompt tokens that fit it.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 from rapid_llm.scheduler_proc.speculation import Speculation
 from rapid_llm.scheduler_proc.step_cost import PrefillAllowance, StepCostModel, step_features
+from rapid_llm.scheduler_proc.step_policy import BEAM, PLAIN, SPECULATIVE, StepAsk, StepPolicy
 from rapid_llm.spec_decode.eligibility import speculation_blocker
 
 logger = logging.getLogger(__name__)
@@ -66,6 +65,7 @@ class _PlanDraft:
     new_requests: list[NewRequest] = field(default_factory=list)
     chunks: list[ScheduledChunk] = field(default_factory=list)
     samplers: dict[int, tuple[RequestState, int]] = field(default_factory=dict)
+    proposals: dict[RequestState, list[int]] = field(default_factory=dict)  # the n-gram proposer's drafts
     last_tokens: list[LastToken] = field(default_factory=list)
     block_copies: list[BlockCopy] = field(default_factory=list)
 
@@ -117,6 +117,7 @@ class Scheduler:
             state.speculates = blocker is None
             if blocker is not None:
                 logger.debug("request %s decodes without speculation: %s", request.request_id, blocker)
+        state.policy = self.policy_for(state)
         self._requests[request.request_id] = state
         self._waiting.append(state)
         self._detokenize_requests.append(
@@ -178,43 +179,36 @@ class Scheduler:
         return PrefillAllowance.start(self._step_cost, target, decodes)
 
     def _schedule_running(self, draft: _PlanDraft) -> bool:
-        """Give each running request its next chunk; returns whether anything was preempted."""
+        """Give each running request what its step policy asks for; returns whether anything was preempted."""
         preempted = False
-        proposals = self._speculation.propose(self._running) if self._speculation is not None else {}
+        draft.proposals = self._speculation.propose(self._running) if self._speculation is not None else {}
         index = 0
         while index < len(self._running) and draft.budget > 0:
             request = self._running[index]
-            drafts = proposals.get(request, [])[: draft.budget - 1]
-            group = request.beam
-            if group is not None and (group.in_flight or group.started):
-                # A beam group's next step needs its previous result; each beam decodes one token.
-                if group.in_flight or draft.budget < len(group.beams):
-                    index += 1
-                    continue
-                num_new, num_blocks = len(group.beams), group.num_blocks_needed(self.config.block_size)
-            else:
-                # The next step of a speculating request depends on how many of its drafts are accepted.
-                waits = request.num_placeholders and (request.draft_token_ids or self._drafts_after(request))
-                num_new = 0 if waits else (
-                    1 + len(drafts) if drafts else self._num_new_tokens(request, request.num_computed_tokens,
-                                                                         draft))
-                if num_new == 0:
-                    index += 1
-                    continue
-                num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
-            while not self._blocks.can_allocate(num_blocks):
+            ask = request.policy.ask(self, request, draft)
+            if ask is None:
+                index += 1
+                continue
+            while not self._blocks.can_allocate(ask.num_blocks):
                 # The newest running request is always at or after `index`: not yet scheduled here.
                 victim = self._running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     return True
-            if group is not None and group.started:
-                self._add_beam_step(draft, request, group)
-            else:
-                self._add_chunk(draft, request, num_new, drafts=drafts)
+            request.policy.add(self, request, draft, ask)
             index += 1
         return preempted
+
+    def policy_for(self, request: RequestState) -> StepPolicy:
+        """The step policy a new request runs under (step_policy.py)."""
+        if request.beam is not None:
+            return BEAM
+        return SPECULATIVE if request.speculates else PLAIN
+
+    def chunk_ask(self, request: RequestState, num_new: int) -> StepAsk:
+        """`num_new` tokens after the request's computed ones, with the blocks they need."""
+        return StepAsk(num_new, self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new))
 
     def _schedule_waiting(self, draft: _PlanDraft) -> None:
         while self._waiting and draft.budget > 0 and len(self._running) < self.config.max_num_seqs:
@@ -225,7 +219,7 @@ class Scheduler:
                 return
             hits = self._prefix_cache.lookup(request)
             num_computed = len(hits) * self.config.block_size
-            num_new = self._num_new_tokens(request, num_computed, draft)
+            num_new = self.num_new_tokens(request, num_computed, draft)
             # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
             num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
             # FCFS: nobody overtakes a request that cannot be admitted yet.
@@ -248,9 +242,9 @@ class Scheduler:
                     params=request.params if request.beam is None else request.beam.worker_params,
                 )
             )
-            self._add_chunk(draft, request, num_new, cached_block_ids=hits)
+            self.add_chunk(draft, request, num_new, cached_block_ids=hits)
 
-    def _num_new_tokens(self, request: RequestState, num_computed: int, draft: _PlanDraft) -> int:
+    def num_new_tokens(self, request: RequestState, num_computed: int, draft: _PlanDraft) -> int:
         """Tokens to compute for `request` this step; 0 when its next sample would pass a limit."""
         num_new = min(request.num_tokens - num_computed, draft.budget)
         if num_new > 1 and draft.prefill is not None:
@@ -264,7 +258,7 @@ class Scheduler:
         # The blocks held always cover exactly the computed tokens, so this is never negative.
         return self._blocks.blocks_for_tokens(num_computed + num_new) - num_held
 
-    def _add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int,
+    def add_chunk(self, draft: _PlanDraft, request: RequestState, num_new: int,
                    cached_block_ids: list[int] | None = None, drafts: list[int] | None = None) -> None:
         if request.slot is None:
             raise RuntimeError(f"request {request.request_id} is scheduled without a slot")
@@ -275,7 +269,7 @@ class Scheduler:
             draft.prefill.count(request.num_computed_tokens, num_new,
                                 ends_prompt=request.num_computed_tokens + num_new == request.num_tokens)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
-                                           cached_block_ids or [], drafts or [], self._drafts_after(request)))
+                                           cached_block_ids or [], drafts or [], self.drafts_after(request)))
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new
@@ -287,12 +281,12 @@ class Scheduler:
             if request.beam is not None:
                 request.beam.in_flight = True
 
-    def _drafts_after(self, request: RequestState) -> bool:
+    def drafts_after(self, request: RequestState) -> bool:
         """Whether the request drafts after its next step (it speculates and the speed gate is open)."""
         return request.speculates and self._speculation.gate.open
 
-    def _add_beam_step(self, draft: _PlanDraft, request: RequestState, group: BeamGroup) -> None:
-        step = group.plan_step(request.request_id, request.prompt_token_ids, self._blocks, self.config.block_size)
+    def add_beam_step(self, draft: _PlanDraft, request: RequestState) -> None:
+        step = request.beam.plan_step(request.request_id, request.prompt_token_ids, self._blocks, self.config.block_size)
         draft.new_requests.extend(step.new_requests)
         draft.chunks.extend(step.chunks)
         draft.last_tokens.extend(step.last_tokens)
