@@ -215,6 +215,21 @@ class ModelRunner:
     def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:
         self.input_batch.append_blocks(slot, block_ids)
 
+    def rollback(self, slot: int, num_tokens: int, num_blocks: int) -> None:
+        """Cut a slot back to its verified tokens and their blocks (speculative decoding's rejected drafts)."""
+        self.input_batch.rollback(slot, num_tokens, num_blocks)
+
+    def set_last_tokens(self, slots: Sequence[int], token_ids: Sequence[int]) -> None:
+        """The tokens the scheduler chose for these slots (beam search), written as each slot's last."""
+        self.input_batch.set_last_tokens(slots, token_ids)
+
+    def write_drafts(self, slots: Sequence[int], drafts: Sequence[Sequence[int]]) -> None:
+        self.input_batch.write_drafts(slots, drafts)
+
+    def copy_blocks(self, sources: list[int], targets: list[int]) -> None:
+        """Copy whole KV blocks (a beam's copy-on-write)."""
+        self.kv_cache.copy_blocks(sources, targets)
+
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero freshly allocated KV blocks (the cache is allocated uninitialised); never prefix-cache hits."""
         if block_ids:
@@ -281,8 +296,9 @@ class ModelRunner:
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts)
 
     def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
-        """Which of the step's slots the worker-side proposer drafts for after it."""
-        self.drafting.wanted[slots] = wanted
+        """Which of the step's slots the worker-side proposer drafts for after it (nothing without one)."""
+        if self.drafting is not None:
+            self.drafting.wanted[slots] = wanted
 
     def _draft(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray, hidden_states: torch.Tensor,
                samples: np.ndarray, new_lengths: np.ndarray) -> torch.Tensor | None:

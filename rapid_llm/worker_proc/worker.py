@@ -101,7 +101,7 @@ class Worker:
             self.thread_policy.apply(sum(chunk.num_new_tokens for chunk in plan.scheduled),
                                      sum(chunk.num_computed_tokens + chunk.num_new_tokens for chunk in plan.scheduled))
         for rollback in plan.rollbacks:
-            self.runner.input_batch.rollback(rollback.slot, rollback.num_tokens, rollback.num_blocks)
+            self.runner.rollback(rollback.slot, rollback.num_tokens, rollback.num_blocks)
         self.runner.release(plan.released_slots)
         for slot in plan.released_slots:
             self.failed_slots.pop(slot, None)
@@ -118,8 +118,8 @@ class Worker:
         failures = [self.failed_slots[chunk.slot] for chunk in plan.scheduled if chunk.slot in self.failed_slots]
         chunks = [chunk for chunk in plan.scheduled if chunk.slot not in self.failed_slots]
         if plan.last_tokens:
-            self.runner.input_batch.set_last_tokens([last.slot for last in plan.last_tokens],
-                                                    [last.token_id for last in plan.last_tokens])
+            self.runner.set_last_tokens([last.slot for last in plan.last_tokens],
+                                        [last.token_id for last in plan.last_tokens])
         # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
         self.runner.clear_blocks([block for chunk in chunks for block in chunk.new_block_ids])
         for chunk in chunks:
@@ -129,16 +129,13 @@ class Worker:
                 self.runner.append_blocks(chunk.slot, chunk.cached_block_ids)
             if chunk.new_block_ids:
                 self.runner.append_blocks(chunk.slot, chunk.new_block_ids)
-        if self.runner.drafting is not None:
-            self.runner.set_draft_after([chunk.slot for chunk in chunks], [chunk.draft_after for chunk in chunks])
+        self.runner.set_draft_after([chunk.slot for chunk in chunks], [chunk.draft_after for chunk in chunks])
         drafting = [chunk for chunk in chunks if chunk.draft_token_ids]
         if drafting:
-            self.runner.input_batch.write_drafts([chunk.slot for chunk in drafting],
-                                                 [chunk.draft_token_ids for chunk in drafting])
+            self.runner.write_drafts([chunk.slot for chunk in drafting], [chunk.draft_token_ids for chunk in drafting])
         if plan.block_copies:
             # Copy-on-write targets are not zeroed (they ride in cached_block_ids): the copy fills them whole.
-            self.runner.kv_cache.copy_blocks([copy.src for copy in plan.block_copies],
-                                             [copy.dst for copy in plan.block_copies])
+            self.runner.copy_blocks([copy.src for copy in plan.block_copies], [copy.dst for copy in plan.block_copies])
         if self.structured.active:
             # A sampling request whose grammar cannot be built fails alone, before the step.
             failures += self._fail_slots(self.structured.wait_for_grammars(
