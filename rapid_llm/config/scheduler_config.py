@@ -14,7 +14,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Batching limits and KV-cache shape as the scheduler sees them.
 
     `max_num_batched_tokens` is the one token budget per step; prompts longer than what is left of
-    it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache.
+    it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache, and `sliding_window` (the
+    longest attention window, when every layer has one) from its layers' cache specs: blocks behind it are freed.
     `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
     `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
     a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
@@ -28,6 +29,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_kv_blocks: int = 0
+    sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True

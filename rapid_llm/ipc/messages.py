@@ -132,6 +132,7 @@ class Shutdown(_Message):
 
 class WorkerReady(_Message):
     num_kv_blocks: int
+    kv_window: int | None = None  # every layer's attention window is at most this (KVCache.window)
 
 
 class WorkerFailed(_Message):

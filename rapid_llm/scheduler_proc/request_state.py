@@ -19,6 +19,10 @@ from rapid_llm.scheduler_proc.step_policy import PLAIN, StepPolicy
 from rapid_llm.utils.block_hash import BlockHash, hash_block
 
 
+# A block_ids entry whose block went back to the pool: every layer's window has passed those positions.
+FREED_BLOCK = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
@@ -42,7 +46,8 @@ class RequestState:
         self.draft_token_ids: list[int] = []
         self.speculates = False
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
+        self.block_ids: list[int] = []  # per block of positions; FREED_BLOCK once every window has passed it
+        self.num_freed_blocks = 0
         self.block_size = block_size
         # How many of block_ids have been offered to the prefix cache (registered or found there).
         self.num_registered_blocks = 0
@@ -154,6 +159,18 @@ class RequestState:
             return "length", None
         return None
 
+    def held_block_ids(self) -> list[int]:
+        """The blocks the request holds (entries behind the window, already freed, left out)."""
+        return self.block_ids[self.num_freed_blocks:]
+
+    def release_blocks_before(self, position: int) -> list[int]:
+        """Mark the blocks wholly before `position` freed and return the ones that were still held."""
+        end = min(max(0, position) // self.block_size, len(self.block_ids))
+        released = self.block_ids[self.num_freed_blocks:end]
+        self.block_ids[self.num_freed_blocks:end] = [FREED_BLOCK] * len(released)
+        self.num_freed_blocks = max(self.num_freed_blocks, end)
+        return released
+
     def reset_for_recompute(self) -> None:
         """After preemption (blocks and slot already returned): recompute everything from scratch."""
         self.status = RequestStatus.WAITING
@@ -161,6 +178,7 @@ class RequestState:
         self.draft_token_ids = []
         self.num_computed_tokens = 0
         self.block_ids = []
+        self.num_freed_blocks = 0
         self.num_registered_blocks = 0
         self.slot = None
         self.epoch += 1

@@ -77,12 +77,15 @@ class Scheduler:
         if config.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
         capacity = config.num_kv_blocks * config.block_size
-        if capacity < config.max_model_len:
-            # A lone request could outgrow the whole cache and then never be admitted again.
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens, fewer than max_model_len ({config.max_model_len}); "
-                "lower --max-model-len or give the KV cache more memory"
-            )
+        # A lone request could outgrow the whole cache and then never be admitted again. With a window in every
+        # layer it holds at most the window behind its chunk, the chunk, and a partial block at each end.
+        needed = config.max_model_len if config.sliding_window is None else min(
+            config.max_model_len, config.sliding_window + config.max_num_batched_tokens + 2 * config.block_size)
+        if capacity < needed:
+            what = (f"max_model_len ({config.max_model_len})" if needed == config.max_model_len else
+                    f"one request's attention window and chunk ({needed})")
+            raise ValueError(f"the KV cache holds {capacity} tokens, fewer than {what}; "
+                             "lower --max-model-len or give the KV cache more memory")
         self.config = config
         self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
         self._prefix_cache = PrefixCache(self._blocks, config)
@@ -181,6 +184,7 @@ class Scheduler:
     def _schedule_running(self, draft: _PlanDraft) -> bool:
         """Give each running request what its step policy asks for; returns whether anything was preempted."""
         preempted = False
+        self._free_behind_windows()
         draft.proposals = self._speculation.propose(self._running) if self._speculation is not None else {}
         index = 0
         while index < len(self._running) and draft.budget > 0:
@@ -199,6 +203,16 @@ class Scheduler:
             request.policy.add(self, request, draft, ask)
             index += 1
         return preempted
+
+    def _free_behind_windows(self) -> None:
+        """With a window in every layer, return the blocks it has passed: a request's next chunk starts at its
+        computed count and reads back at most the window; steps planned before run (and read) before this one."""
+        window = self.config.sliding_window
+        if window is None:
+            return
+        for request in self._running:
+            if request.beam is None:
+                self._blocks.free(request.release_blocks_before(request.num_computed_tokens - window))
 
     def policy_for(self, request: RequestState) -> StepPolicy:
         """The step policy a new request runs under (step_policy.py)."""
@@ -457,7 +471,7 @@ class Scheduler:
 
         Full blocks stay cached; freeing the last block first makes the prefix's tail evicted first.
         """
-        self._blocks.free(reversed(request.block_ids))
+        self._blocks.free(reversed(request.held_block_ids()))
         request.block_ids = []
         for slot in self._slots_of(request):
             heapq.heappush(self._free_slots, slot)
@@ -478,7 +492,7 @@ class Scheduler:
     def _blocks_of(request: RequestState) -> list[int]:
         if request.beam is not None and request.beam.started:
             return list(request.beam.block_ids())
-        return request.block_ids
+        return request.held_block_ids()
 
     # ---- introspection -----------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ from torch import nn
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
 from rapid_llm.layers.attention import PagedAttentionLayer
-from rapid_llm.ops.attention.kv_cache_spec import FullAttentionSpec, KVCacheSpec, bytes_per_block, num_blocks_for_budget
+from rapid_llm.ops.attention.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, bytes_per_block, kv_window,
+                                                   num_blocks_for_budget)
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, is_fp8_kv, kv_format
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,11 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return self.num_blocks * bytes_per_block(self.specs, self.block_size) + self.extra_bytes
+
+    @property
+    def window(self) -> int | None:
+        """Tokens every layer attends back at most (None: some layer reads the whole context)."""
+        return kv_window(self.specs)
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero blocks that were just freshly allocated to a request, in every layer."""

@@ -30,18 +30,24 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             max_model_len=model.max_model_len, block_size=runner.cache_config.block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks or runner.num_blocks,
+            sliding_window=runner.kv_cache.window,
             eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching))
         self.worker = Worker(runner)
         self.outcomes: dict[str, dict[str, object]] = {}
 
-    def serve(self, requests: list[GenerateRequest], depth: int = 2,
-              overlap: bool = False) -> dict[str, dict[str, object]]:
+    def serve(self, requests: list[GenerateRequest], depth: int = 2, overlap: bool = False,
+              max_steps: int = 20_000) -> dict[str, dict[str, object]]:
+        """Run until every request ends; a scheduler that stops making progress fails after `max_steps` loops."""
         for request in requests:
             self.scheduler.add_request(request)
         inflight: deque[StepPlan] = deque()
         pending: PendingResult | None = None
+        loops = 0
         while self.scheduler.has_unfinished_requests() or inflight or pending:
+            loops += 1
+            if loops > max_steps:
+                raise RuntimeError(f"requests still unfinished after {max_steps} loops")
             while len(inflight) + (pending is not None) < depth and (plan := self.scheduler.schedule()) is not None:
                 inflight.append(roundtrip(plan))
             launched = self.worker.launch(inflight.popleft()) if inflight else None

@@ -54,7 +54,7 @@ class KVCacheSpec(ABC):
 
 @dataclass(frozen=True)
 class FullAttentionSpec(KVCacheSpec):
-    """K and V per KV head. The window is recorded for the layer; blocks outside it are not freed yet."""
+    """K and V per KV head. With a window in every layer (`kv_window`) the scheduler frees blocks behind it."""
 
     num_kv_heads: int
     head_dim: int
@@ -131,6 +131,15 @@ class DeepseekV4Spec(KVCacheSpec):
 
     def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.elements_per_token)
+
+
+def kv_window(specs: Sequence[KVCacheSpec]) -> int | None:
+    """The longest attention window when every layer attends through one (blocks behind it can be freed);
+    None when any layer keeps its whole context."""
+    windows = [spec.sliding_window if isinstance(spec, FullAttentionSpec) else None for spec in specs]
+    if not windows or None in windows:
+        return None
+    return max(windows)
 
 
 def bytes_per_block(specs: Sequence[KVCacheSpec], block_size: int) -> int:
