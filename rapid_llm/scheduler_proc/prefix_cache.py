@@ -63,6 +63,7 @@ class PrefixCache:
         if num_full <= request.num_registered_blocks:
             return
         hashes = request.block_hashes(num_full)
-        for index in range(request.num_registered_blocks, num_full):
+        # A block a sliding window freed before its tokens were all known is not offered (its id is gone).
+        for index in range(max(request.num_registered_blocks, request.num_freed_blocks), num_full):
             self._blocks.cache_block(request.block_ids[index], hashes[index])
         request.num_registered_blocks = num_full
