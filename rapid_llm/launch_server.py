@@ -16,12 +16,36 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rapid_llm.server_args import ServerArgs
 
 logger = logging.getLogger("rapid_llm.launch_server")
+
+
+def _check_package_not_shadowed() -> None:
+    """Raise ImportError when `import rapid_llm` found something other than the package this file is in.
+
+    A folder named rapid_llm in the current or the script's directory (the head of sys.path) wins over an
+    editable install, whose finder Python asks last. This module still loads (that finder resolves the
+    package's submodules), but the package's `__init__` never ran: without this check the launcher would fail
+    later on a bare AttributeError (`rapid_llm.__version__`).
+    """
+    import rapid_llm
+
+    package_dir = Path(__file__).resolve().parent
+    found = getattr(rapid_llm, "__file__", None)
+    if found is not None and Path(found).resolve().parent == package_dir:
+        return
+    shadow = found or ", ".join(getattr(rapid_llm, "__path__", []))
+    raise ImportError(f"`import rapid_llm` found {shadow}, not the rapid_llm package ({package_dir}): a folder "
+                      "named rapid_llm in the current directory or the script's directory shadows it; run from "
+                      "another directory, or rename that folder")
+
+
+_check_package_not_shadowed()
 
 
 class ShutdownRequested(BaseException):

@@ -21,8 +21,10 @@ def check_model_dir(model: str) -> None:
     if path.is_dir():
         return
     if not path.exists() and _HUB_ID.fullmatch(model):
+        # huggingface_hub 1.0 removed `huggingface-cli`; `hf` is its command line since.
         raise ValueError(f"--model {model!r} is not a local directory, and hub ids are not downloaded; pass a "
-                         f"local directory (e.g. after `huggingface-cli download {model} --local-dir DIR`)")
+                         f"local directory, e.g. the one `python tools/download_model.py {model}` prints last "
+                         f"(in a clone of rapid_llm) or DIR after `hf download {model} --local-dir DIR`")
     problem = "is a file, not a directory" if path.exists() else "does not exist"
     raise ValueError(f"--model {model!r} {problem}; pass a local Hugging Face checkpoint directory")
 

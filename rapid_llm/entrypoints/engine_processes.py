@@ -46,6 +46,13 @@ def _read_report(pipe: Connection) -> tuple[str, Any]:
         return "error", None
 
 
+def op_backends_line(ops: dict[str, dict[str, str]]) -> str:
+    """One log line for a worker's op choices ({op: {"backend", "reason"}}): every rank logs each op with its
+    reason at debug level, and /server_info reports them."""
+    backends = ", ".join(f"{name}={choice['backend']}" for name, choice in ops.items())
+    return f"op backends: {backends} (details: --log-level debug, /server_info)"
+
+
 class EngineStartupError(RuntimeError):
     """A child failed to start; the message is its one-line cause."""
 
@@ -131,6 +138,10 @@ class EngineProcesses:
             raise
         logger.info("engine processes ready in %.2f s (%s)", time.perf_counter() - self._started_at,
                     ", ".join(self.processes))
+        # Every local rank and replica runs the same device kind and dtype: the first worker's choices stand for all.
+        ops = next((info["ops"] for info in self.info.values() if "ops" in info), None)
+        if ops is not None:
+            logger.info("%s", op_backends_line(ops))
 
     def _wait_for_one(self, pending: dict[str, Connection]) -> None:
         sentinels = {self.processes[name].sentinel: name for name in pending}

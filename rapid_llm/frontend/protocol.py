@@ -37,7 +37,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     # Fields some clients send as an explicit null, and the value null stands for (as in vLLM).
     null_means: ClassVar[dict[str, Any]] = {"n": 1, "stream": False, "ignore_eos": False,
                                             "skip_special_tokens": True, "use_beam_search": False,
-                                            "length_penalty": 1.0, "early_stopping": False}
+                                            "length_penalty": 1.0, "early_stopping": False,
+                                            "return_token_ids": False}
     model: str | None = None
     n: int | None = 1
     temperature: float | None = None
@@ -72,6 +73,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     use_beam_search: bool | None = False
     length_penalty: float | None = 1.0
     early_stopping: bool | Literal["never"] | None = False
+    # vLLM's: the prompt's and each choice's token ids in the response (the routes' docstrings give the shape).
+    return_token_ids: bool | None = False
 
     def __post_init__(self) -> None:
         for name, default in self.null_means.items():

@@ -5,7 +5,9 @@ the template already wrote them (encoding with them would add a second BOS). Str
 choice with a `{"role": "assistant", "content": ""}` chunk, as vLLM and OpenAI do. With tool calling
 on (see tool_choice.py), each choice's text goes through its tool parser: a whole response gets
 `message.tool_calls`, a stream `delta.tool_calls`, and a choice that called tools finishes with
-"tool_calls" where it would have finished with "stop".
+"tool_calls" where it would have finished with "stop". vLLM's `return_token_ids` adds the response's
+`prompt_token_ids` (in a stream: on each choice's opening chunk) and each choice's `token_ids` (in a stream:
+the chunk's).
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ class ChatFormat:
     chunk_object_name = "chat.completion.chunk"
 
     def __init__(self, token_strings: TokenStrings, logprobs: bool,
-                 make_tool_parser: Callable[[], ToolParser] | None = None, parallel_tool_calls: bool = True) -> None:
-        """`make_tool_parser`: a fresh parser per choice when tool calls are parsed, else None."""
+                 make_tool_parser: Callable[[], ToolParser] | None = None, parallel_tool_calls: bool = True,
+                 prompt_token_ids: list[int] | None = None) -> None:
+        """`make_tool_parser`: a fresh parser per choice when tool calls are parsed, else None;
+        `prompt_token_ids`: the prompt's ids when the request asked for token ids (return_token_ids), else None."""
         self.token_strings = token_strings
         self.logprobs = logprobs
         self.make_tool_parser = make_tool_parser
         self.parallel_tool_calls = parallel_tool_calls
+        self.return_token_ids = prompt_token_ids is not None
+        self.response_fields: dict[str, Any] = {}
+        if prompt_token_ids is not None:
+            self.response_fields["prompt_token_ids"] = prompt_token_ids
         self._streams: dict[int, ToolCallStreamer] = {}
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
@@ -53,13 +61,13 @@ class ChatFormat:
                 message = {"role": "assistant", "content": result.content or None,
                            "tool_calls": [tool_call_dict(parser.make_call_id(), call) for call in result.calls]}
                 finish_reason = _tool_finish_reason(finish_reason)
-        return {
+        return self._with_token_ids({
             "index": index,
             "message": message,
             "logprobs": self._logprobs(output),
             "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
-        }
+        }, output)
 
     def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any] | None:
         text = output.text
@@ -77,15 +85,22 @@ class ChatFormat:
             if stream.called_tools:
                 finish_reason = _tool_finish_reason(finish_reason)
         logprobs = self._logprobs(output)
-        if not delta and finish_reason is None and (logprobs is None or not output.token_ids):
+        # Tokens whose text a tool parser holds back still go out when their logprobs or ids were asked for.
+        reports_tokens = bool(output.token_ids) and (logprobs is not None or self.return_token_ids)
+        if not delta and finish_reason is None and not reports_tokens:
             return None  # text a tool parser holds back until it knows what it is
-        return {
+        return self._with_token_ids({
             "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
-        }
+        }, output)
+
+    def _with_token_ids(self, choice: dict[str, Any], output: ChoiceOutput) -> dict[str, Any]:
+        if self.return_token_ids:
+            choice["token_ids"] = output.token_ids
+        return choice
 
     def opening_chunk_choice(self, index: int) -> dict[str, Any]:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -127,5 +142,6 @@ async def create_chat_completion(serving: Serving, request: Request) -> Response
     max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.requested_max_tokens, body.max_tokens_param,
                                             "messages")
     params = plan.apply(body.sampling_params(max_tokens, serving.options.sampling_defaults))
-    fmt = ChatFormat(serving.token_strings, bool(body.logprobs), plan.make_parser, body.parallel_tool_calls)
+    fmt = ChatFormat(serving.token_strings, bool(body.logprobs), plan.make_parser, body.parallel_tool_calls,
+                     prompt_ids if body.return_token_ids else None)
     return await serving.respond(request, fmt, body, [(prompt_ids, params)])

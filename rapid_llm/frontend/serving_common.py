@@ -50,6 +50,9 @@ class ResponseFormat(Protocol):
     id_prefix: str
     object_name: str
     chunk_object_name: str
+    # Fields of the whole response beside the envelope and choices; a stream sends them with each choice's
+    # opening chunk (vLLM's chat `prompt_token_ids`).
+    response_fields: dict[str, Any]
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
         """A choice of the non-streaming response."""
@@ -254,6 +257,7 @@ class Serving:
                 **envelope,
                 "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
                 "usage": usage(num_prompt_tokens, completion_tokens, cached_tokens),
+                **fmt.response_fields,
             }
         )
 
@@ -303,7 +307,7 @@ class Serving:
                         opened[index] = True
                         opening = fmt.opening_chunk_choice(index)
                         if opening is not None:
-                            yield sse_event({**envelope, "choices": [opening]})
+                            yield sse_event({**envelope, **fmt.response_fields, "choices": [opening]})
                     choice = fmt.chunk_choice(index, output)
                     if choice is not None:
                         yield sse_event({**envelope, "choices": [choice]})

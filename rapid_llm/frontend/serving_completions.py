@@ -5,7 +5,9 @@ Key design choice: only the prompt handling and the completions shape of a choic
 generation itself is `Serving.respond`, shared with chat. `echo` puts the prompt (and with
 `logprobs`, its tokens' logprobs, the first null) before the output; `echo` with `max_tokens: 0`
 generates one token and drops it, as vLLM does, so only the prompt is scored. vLLM's
-`prompt_logprobs` adds a choice's `prompt_logprobs` list ({token id: logprob, rank, decoded_token}).
+`prompt_logprobs` adds a choice's `prompt_logprobs` list ({token id: logprob, rank, decoded_token}), and its
+`return_token_ids` a choice's `prompt_token_ids` (in a stream: with the choice's first chunk only) and
+`token_ids` (the output's, or in a stream the chunk's).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class CompletionFormat:
     chunk_object_name = "text_completion"
 
     def __init__(self, token_strings: TokenStrings, logprobs: int | None, prompts: list[Prompt], n: int, *,
-                 echo: bool, prompt_logprobs: int | None) -> None:
+                 echo: bool, prompt_logprobs: int | None, return_token_ids: bool) -> None:
         """`prompts[i]` is the prompt of choices i * n .. i * n + n - 1 (its text is set when echoing)."""
         self.token_strings = token_strings
         self.logprobs = logprobs
@@ -47,16 +49,17 @@ class CompletionFormat:
         self.n = n
         self.echo = echo
         self.prompt_logprobs = prompt_logprobs
-        # text_offset runs on across a choice's stream chunks; a choice's prompt is echoed once.
+        self.return_token_ids = return_token_ids
+        self.response_fields: dict[str, Any] = {}
+        # text_offset runs on across a choice's stream chunks; a choice's prompt (echo, ids) comes with its first.
         self._offsets: dict[int, int] = {}
-        self._echo_done: set[int] = set()
+        self._started: set[int] = set()
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
         prompt = self.prompts[index // self.n]
-        echo = None
-        if self.echo and index not in self._echo_done:
-            self._echo_done.add(index)
-            echo = prompt
+        first = index not in self._started
+        self._started.add(index)
+        echo = prompt if self.echo and first else None
         choice = {
             "index": index,
             "text": output.text if echo is None else f"{echo.text}{output.text}",
@@ -66,6 +69,10 @@ class CompletionFormat:
         }
         if self.prompt_logprobs is not None and output.prompt_logprobs:
             choice["prompt_logprobs"] = self._vllm_prompt_logprobs(prompt.token_ids, output.prompt_logprobs)
+        if self.return_token_ids:
+            if first:
+                choice["prompt_token_ids"] = prompt.token_ids
+            choice["token_ids"] = output.token_ids
         return choice
 
     chunk_choice = choice
@@ -159,5 +166,5 @@ async def create_completion(serving: Serving, request: Request) -> Response:
         if body.echo and prompt.text is None:
             prompt.text = await serving.decode(prompt.token_ids, params.skip_special_tokens)
     fmt = CompletionFormat(serving.token_strings, body.logprobs, prompts, body.n, echo=body.echo,
-                           prompt_logprobs=body.prompt_logprobs)
+                           prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids)
     return await serving.respond(request, fmt, body, engine_prompts, drop_output=body.echo_only)

@@ -107,7 +107,7 @@ class ModelRunner:
         REGISTRY.set_overrides(op_backends or {})
         self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
         for name, choice in self.op_choices.items():
-            logger.info("op %s: %s (%s)", name, choice["backend"], choice["reason"])
+            logger.debug("op %s: %s (%s)", name, choice["backend"], choice["reason"])
         start = time.perf_counter()
         self.model = load_model(model_config, self.device)
         # As stored after prepare_weights (quantized formats: packed weights plus scales); /server_info reports it.
@@ -168,7 +168,7 @@ class ModelRunner:
         kv_dtype = self.cache_config.kv_dtype(self.model_config.dtype)
         if not backend_reads_kv(backend, kv_dtype) and attention_op not in REGISTRY.overrides:
             reason = f"the {kv_format(kv_dtype)} KV cache is read by torch_ref only"
-            logger.info("op %s: torch_ref (%s)", attention_op, reason)
+            logger.debug("op %s: torch_ref (%s)", attention_op, reason)
             self.op_choices[attention_op] = {"backend": "torch_ref", "reason": reason}
             return REGISTRY.implementation(attention_op, "torch_ref", self.device, self.model_config.dtype_name).fn
         return backend

@@ -107,6 +107,8 @@ def test_no_model_serves_the_packaged_demo_target() -> None:
     try:
         assert "no model given: serving the packaged demo model 'demo-target' (LlamaForCausalLM, 15.7M " \
                "parameters, trained on CPython's standard library) from " in server.log()
+        # The op choices are one info line (each op with its reason is at debug level).
+        assert server.log().count("op backends: ") == 1 and "attention=" in server.log()
         response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "import ", "max_tokens": 5},
                               timeout=30).json()
         models = httpx.get(f"{server.base_url}/v1/models", timeout=5).json()

@@ -296,3 +296,14 @@ async def test_each_of_n_streamed_choices_parses_its_own_calls(client: httpx.Asy
         # Every generated token's logprob is sent, also while the parser holds its text back.
         logprobs = [entry for c in choices if c["logprobs"] for entry in c["logprobs"]["content"]]
         assert len(logprobs) == len(engine.reply_token_ids(SamplingParams(max_tokens=None)))
+
+
+async def test_streamed_tool_calls_send_every_token_id(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    """return_token_ids: the ids of tokens whose text the parser holds back go out too, in order."""
+    engine.tokens_per_delta = 1
+    request = {**CHAT, "tools": TOOLS, "stream": True, "return_token_ids": True}
+    opening, *chunks = sse_payloads(await client.post("/v1/chat/completions", json=request))
+    assert opening["prompt_token_ids"] == engine.requests[-1][1]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [token for c in chunks for token in c["choices"][0]["token_ids"]] == engine.reply_token_ids(
+        SamplingParams(max_tokens=None))

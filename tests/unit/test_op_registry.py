@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rapid_llm.config.dtypes import dtype_from_name
+from rapid_llm.entrypoints.engine_processes import op_backends_line
 from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import LinearBase
 from rapid_llm.ops.linear_kernel import LinearKernel
@@ -273,6 +274,15 @@ def test_attention_backend_is_an_alias() -> None:
     assert ServerArgs(attention_backend="torch_ref", op_backend="attention=torch_ref").op_backends() == {
         "attention": "torch_ref"}
     assert parse_op_backends(" attention = torch_ref ,, ") == {"attention": "torch_ref"}
+
+
+def test_the_start_up_log_sums_up_the_op_backends_in_one_line() -> None:
+    ops = REGISTRY.describe("cpu", "float32")
+    line = op_backends_line(ops)
+    prefix, suffix = "op backends: ", " (details: --log-level debug, /server_info)"
+    assert line.startswith(prefix) and line.endswith(suffix) and "\n" not in line
+    # Every op with its backend, in the registry's order; the reasons stay in the debug log and /server_info.
+    assert line[len(prefix):-len(suffix)].split(", ") == [f"{name}={choice['backend']}" for name, choice in ops.items()]
 
 
 def test_the_launcher_checks_names_without_importing_torch() -> None:

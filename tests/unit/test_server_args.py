@@ -10,9 +10,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import rapid_llm
 from rapid_llm.config.checkpoint_dir import check_model_dir, check_tokenizer_dir
 from rapid_llm.entrypoints.http_server import bind_listening_socket
 from rapid_llm.ops.registry import REGISTRY
@@ -34,8 +36,13 @@ def no_tokenizer_checkpoint(tiny_checkpoint, tmp_path):
 
 def test_a_hub_id_is_refused_with_the_local_directory_fix() -> None:
     with pytest.raises(ValueError, match="^--model 'meta-llama/Llama-3-8B' is not a local directory, and hub ids "
-                                         "are not downloaded; pass a local directory"):
+                                         "are not downloaded; pass a local directory") as raised:
         check_model_dir("meta-llama/Llama-3-8B")
+    # Both fixes it names exist: the project's downloader and `hf` (huggingface_hub 1.0 removed `huggingface-cli`).
+    message = str(raised.value)
+    assert "`python tools/download_model.py meta-llama/Llama-3-8B`" in message
+    assert "`hf download meta-llama/Llama-3-8B --local-dir DIR`" in message
+    assert "huggingface-cli" not in message
 
 
 def test_a_missing_model_path_says_it_does_not_exist(tmp_path) -> None:
@@ -139,6 +146,30 @@ def test_the_launcher_modules_do_not_import_torch_or_the_engine() -> None:
             "'rapid_llm.models', 'rapid_llm.scheduler_proc', 'rapid_llm.detokenizer_proc'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("files", [{}, {"__init__.py": "VERSION = 1\n"}], ids=["folder", "other-package"])
+def test_a_rapid_llm_folder_that_shadows_the_package_is_named_with_the_fix(tmp_path, files) -> None:
+    # A package on sys.path cannot lose to a plain folder, and a folder with an __init__ hides it whole (launcher
+    # included); the launcher runs beside a shadowing folder only when an editable install's finder, which
+    # Python asks after sys.path, finds the package.
+    probe = "import importlib.machinery; print(importlib.machinery.PathFinder.find_spec('rapid_llm') is None)"
+    if subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                      check=True).stdout.strip() != "True":
+        pytest.skip("rapid_llm is not an editable install here")
+    shadow = tmp_path.resolve() / "rapid_llm"  # as os.getcwd() spells it
+    shadow.mkdir()
+    for name, text in files.items():
+        (shadow / name).write_text(text)
+    result = subprocess.run([sys.executable, "-m", "rapid_llm.launch_server", "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    found = shadow / "__init__.py" if files else shadow
+    package = Path(rapid_llm.__file__).resolve().parent
+    assert result.stderr.splitlines()[-1] == (
+        f"ImportError: `import rapid_llm` found {found}, not the rapid_llm package ({package}): a folder named "
+        "rapid_llm in the current directory or the script's directory shadows it; run from another directory, or "
+        "rename that folder")
 
 
 @pytest.mark.skipif(TOKENIZER_IMPORTS_TORCH, reason=TOKENIZER_IMPORTS_TORCH_REASON)
