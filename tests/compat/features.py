@@ -3,24 +3,28 @@
 Each feature has an "off" and an "on" setting (engine arguments of `LLM(...)`, and request fields
 where a feature is a request-level one) and, where the setting could silently not take effect, the
 evidence a run must show. A new feature adds one `Feature` here, and one `Unsupported` per combination
-the engine refuses; the harness, the CI subset and docs/compatibility.md pick it up from here. Not here
-yet: CUDA graphs (CUDA only; the matrix runs on the CPU) and op backends (dtype's bf16 setting already pins
-ops for its reference, and the per-op goldens are tests/kernels' and the op numerics test's).
+the engine refuses; the harness, the CI subset and docs/compatibility.md pick it up from here (rerun
+`python -m tests.compat.matrix --write docs/compatibility.md`: tests/unit/test_docs_compatibility.py fails
+until the page lists the feature). Not here yet: CUDA graphs (CUDA only; the matrix runs on the CPU) and op
+backends (dtype's bf16 setting already pins ops for its reference, and the per-op goldens are tests/kernels'
+and the op numerics test's).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from rapid_llm.ipc.messages import SchedulerStats, TokenLogprobs
+from rapid_llm.sampling.params import StructuredOutputsParams
 from tests.op_pins import BF16_PINNED
 
 
 @dataclass(frozen=True)
 class CellRun:
-    """What one cell's engine produced: both passes over the prompts (tokens and top logprobs, in prompt
-    order), and the engine's log."""
+    """What one cell's engine produced: both passes over the prompts (tokens, top logprobs and text, in
+    prompt order), and the engine's log."""
 
     first_pass: list[list[int]]
     second_pass: list[list[int]]
@@ -29,9 +33,13 @@ class CellRun:
     # Prompt tokens served from the prefix cache in the second pass (the first filled it).
     cached_tokens_second_pass: int
     log: str
-    # The scheduler's last counters after both passes (None: none arrived), and the engine's settings summary.
-    stats: SchedulerStats | None
+    # Each data-parallel replica's scheduler's last counters after both passes (None: none arrived), and the
+    # engine's settings summary.
+    stats: tuple[SchedulerStats | None, ...]
     summary: Mapping[str, Any]
+    texts: list[str] = field(default_factory=list)  # both passes' output texts, first pass first
+    routed: tuple[int, ...] = (0,)  # requests the router sent to each data-parallel replica
+    eos_token_id: int | None = None
 
 
 # (run, whether the feature was on) -> why the run shows the setting did not take effect, or None.
@@ -58,11 +66,15 @@ class Feature:
     # Its "on" request carries no logprobs, so a tie cannot be told from a difference: a cell with it on must
     # give exactly the tokens of the same cell with it off (which is checked against the reference).
     golden_against_off: bool = False
+    # Its "on" setting changes the numerics or the tokens themselves: a cell's reference is the engine with it
+    # on too (and every op on its torch reference), not transformers.
+    in_reference: bool = False
 
 
 @dataclass(frozen=True)
 class Unsupported:
-    """A combination the engine refuses by design: every feature in `features` on, and `applies()`."""
+    """A combination the engine refuses, or runs without one of its features, by design: every feature in
+    `features` on, and `applies()`."""
 
     features: frozenset[str]
     reason: str
@@ -88,16 +100,22 @@ def _preempted(run: CellRun, on: bool) -> str | None:
     return None
 
 
-def _drafts_verified(run: CellRun, on: bool) -> str | None:
-    """the scheduler counts verified drafts when on, none when off"""
-    if run.stats is None:
-        return "the scheduler published no counters"
-    drafts = run.stats.spec_decode_num_drafts
-    if on and drafts == 0:
-        return "speculative decoding is on, yet no draft was verified"
-    if not on and drafts:
-        return f"speculative decoding is off, yet {drafts} drafts were verified"
-    return None
+def _drafts_verified(method: str) -> Evidence:
+    def evidence(run: CellRun, on: bool) -> str | None:
+        if any(stats is None for stats in run.stats):
+            return "the scheduler published no counters"
+        drafts = sum(stats.spec_decode_num_drafts for stats in run.stats if stats is not None)
+        configured = (run.summary.get("speculative_config") or {}).get("method")
+        if on and configured != method:
+            return f"{method} speculation is on, yet the engine's speculative method is {configured!r}"
+        if on and drafts == 0:
+            return "speculative decoding is on, yet no draft was verified"
+        if not on and configured is None and drafts:
+            return f"speculative decoding is off, yet {drafts} drafts were verified"
+        return None
+
+    evidence.__doc__ = "the scheduler counts verified drafts when on, none when off"
+    return evidence
 
 
 def _quantized(run: CellRun, on: bool) -> str | None:
@@ -110,10 +128,46 @@ def _quantized(run: CellRun, on: bool) -> str | None:
     return None
 
 
+def _kv_cache_fp8(run: CellRun, on: bool) -> str | None:
+    """the engine's summary names the fp8 KV cache when on, the model dtype's (auto) when off"""
+    kv_cache_dtype = run.summary.get("kv_cache_dtype")
+    if on and kv_cache_dtype != "fp8":
+        return f"--kv-cache-dtype fp8 was given, yet the engine reports {kv_cache_dtype!r}"
+    if not on and kv_cache_dtype != "auto":
+        return f"no KV-cache dtype was asked for, yet the engine reports {kv_cache_dtype!r}"
+    return None
+
+
+# Letters and spaces only: text a random byte-level model never writes by itself for 24 tokens, and a language
+# that is complete after every token, so min_tokens (the harness's 24) never contradicts it.
+CONSTRAINT_REGEX = "[a-z ]*"
+
+
+def _constrained(run: CellRun, on: bool) -> str | None:
+    """every output's text matches the regex when on"""
+    if on and (text := next((t for t in run.texts if not re.fullmatch(CONSTRAINT_REGEX, t)), None)) is not None:
+        return f"structured output is on, yet an output does not match {CONSTRAINT_REGEX!r}: {text!r}"
+    return None
+
+
+def _replicas_used(run: CellRun, on: bool) -> str | None:
+    """the router sends requests to both replicas when on; one replica when off"""
+    if on and (len(run.routed) != 2 or 0 in run.routed):
+        return f"data parallelism is on, yet the requests per replica were {list(run.routed)}"
+    if not on and len(run.routed) != 1:
+        return f"data parallelism is off, yet there are {len(run.routed)} replicas"
+    return None
+
+
 # Drafts are made only for requests without logprobs, min_tokens or penalties (scheduler_proc/speculation.py):
 # speculation's "on" asks for neither and lets EOS through as an ordinary token instead of masking it.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 NO_DRAFT_BLOCKERS = {"logprobs": None, "min_tokens": 0, "ignore_eos": True}
+# The harness puts the cell's checkpoint where a setting names TARGET_CHECKPOINT: the draft model is the target
+# itself (the matrix has one tiny checkpoint; a draft needs the target's vocabulary). It still runs the whole
+# draft-model path: its own layers and KV cache, catch-up, verification.
+TARGET_CHECKPOINT = "<target checkpoint>"
+DRAFT_MODEL = {"method": "draft_model", "model": TARGET_CHECKPOINT, "num_speculative_tokens": 3}
 
 # The prompts (tests/compat/harness.py) are 5-40 tokens with 24 new tokens each: a budget of 8 tokens
 # chunks every prompt but the shortest, 256 fits all four prompts in one step; 20 blocks of 4 tokens
@@ -135,23 +189,47 @@ FEATURES: tuple[Feature, ...] = (
             evidence=_preempted),
     Feature("dtype", "dtype",
             off=Setting("float32", {"dtype": "float32"}),
-            on=Setting("bfloat16", {"dtype": "bfloat16", "op_backend": BF16_PINNED})),
+            on=Setting("bfloat16", {"dtype": "bfloat16", "op_backend": BF16_PINNED}), in_reference=True),
     Feature("speculative", "speculative decoding",
             off=Setting("off"),
             on=Setting("ngram", {"speculative_config": NGRAM}, request=NO_DRAFT_BLOCKERS),
-            evidence=_drafts_verified, golden_against_off=True),
+            evidence=_drafts_verified("ngram"), golden_against_off=True),
     Feature("quantization", "quantization",
             off=Setting("off"),
             on=Setting("fp8", {"quantization": "fp8"}),
-            evidence=_quantized),
+            evidence=_quantized, in_reference=True),
     Feature("tensor_parallel", "tensor parallel",
             off=Setting("1", {"tensor_parallel_size": 1}),
             on=Setting("2", {"tensor_parallel_size": 2}),
             slow=True),
+    Feature("draft_model", "draft-model speculation",
+            off=Setting("off"),
+            on=Setting("draft model", {"speculative_config": DRAFT_MODEL}, request=NO_DRAFT_BLOCKERS),
+            evidence=_drafts_verified("draft_model"), golden_against_off=True),
+    Feature("data_parallel", "data parallel",
+            off=Setting("1", {"data_parallel_size": 1}),
+            # cache_aware sends the second pass's prompts back to the replica that holds their prefix.
+            on=Setting("2", {"data_parallel_size": 2, "load_balance_method": "cache_aware"}),
+            evidence=_replicas_used, slow=True),
+    Feature("structured_output", "structured output",
+            off=Setting("off"),
+            on=Setting("regex", request={"structured_outputs": StructuredOutputsParams(regex=CONSTRAINT_REGEX)}),
+            evidence=_constrained, in_reference=True),
+    Feature("kv_cache_fp8", "fp8 KV cache",
+            off=Setting("auto"),
+            on=Setting("fp8", {"kv_cache_dtype": "fp8"}),
+            evidence=_kv_cache_fp8, in_reference=True),
 )
+
+_NO_DRAFTS = ("requests with structured output decode without drafts (the grammar matcher would have to "
+              "advance per draft; docs/spec_decode/README.md), so speculation could not show it ran")
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(frozenset({"tensor_parallel", "quantization"}),
                 "the engine refuses --quantization with --tensor-parallel-size > 1 at start-up: the quantized "
                 "linear methods' scales have not been tested sliced over ranks (docs/parallelism.md)"),
+    Unsupported(frozenset({"speculative", "draft_model"}),
+                "one --speculative-config per engine: n-gram and draft-model speculation are two methods of it"),
+    Unsupported(frozenset({"speculative", "structured_output"}), _NO_DRAFTS),
+    Unsupported(frozenset({"draft_model", "structured_output"}), _NO_DRAFTS),
 )

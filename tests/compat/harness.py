@@ -4,15 +4,17 @@ A combination names the features that are on (the rest are off): the baseline (n
 alone, every pair, and all on -- so every pair of values of any two features is run, with everything
 else off. A cell starts the offline `LLM` with the combination's settings, generates greedy tokens for
 the prompts twice (the second pass, in reverse order, finds the first's most recent blocks in the
-prefix cache) and compares both passes with the reference of the cell's dtype and quantization, then
-checks each feature's evidence. float32's reference is transformers, matched exactly. bfloat16's, and a
-quantized cell's, is the engine with that dtype and quantization, every other feature off and every op on
-its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path); an
-output may part from such a reference only at a tie (NEAR_TIE_NATS), as another batch shape (a chunked
-prefill) rounds differently. A feature whose request carries no logprobs (speculative decoding: they
-would disable it) is checked on/off instead: its cell must give exactly the tokens of the same cell with
-it off, which meets the reference as above. The engine's stderr (its children's too) is captured for evidence and
-reasons, and the scheduler's counters are read from the channel the server's frontend would read.
+prefix cache) and compares both passes with the cell's reference, then checks each feature's evidence.
+A cell with none of the features that change numerics or tokens on (`Feature.in_reference`: dtype,
+quantization, the fp8 KV cache, structured output) is float32 and its reference is transformers, matched
+exactly. Otherwise the reference is the engine with those features on, every other feature off and every op
+on its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path and
+no grammar); an output may part from such a reference only at a tie (NEAR_TIE_NATS), as another batch shape
+(a chunked prefill) rounds differently. A feature whose request carries no logprobs (speculative decoding,
+n-gram or draft model: they would disable it) is checked on/off instead: its cell must give exactly the
+tokens of the same cell with it off, which meets the reference as above. The engine's stderr (its children's
+too) is captured for evidence and reasons, and every data-parallel replica's scheduler counters are read from
+the channel the server's frontend would read.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import zmq
 from rapid_llm import LLM, SamplingParams
 from rapid_llm.ipc.messages import SchedulerStats, SchedulerToFrontend, TokenLogprobs
 from rapid_llm.ipc.sockets import Receiver
-from tests.compat.features import FEATURES, UNSUPPORTED, CellRun, Feature, Unsupported
+from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, CellRun, Feature, Unsupported
 from tests.hf_reference import hf_greedy, hf_model
 from tests.op_pins import ALL_REFERENCE
 
@@ -55,15 +57,28 @@ def prompts() -> list[list[int]]:
 def combinations(features: Sequence[Feature] = FEATURES,
                  unsupported: Sequence[Unsupported] = UNSUPPORTED) -> list[Combination]:
     """Baseline, each feature alone, every pair, then all on (when that is not already a pair); where all on
-    is unsupported, also each all-but-one combination that is not, so every feature still runs with the rest."""
+    is unsupported, also every largest supported combination of more than two features (all on but one, or
+    but two, ...), so every feature still runs with as many of the rest as the engine allows."""
     names = [feature.name for feature in features]
     result: list[Combination] = [(), *((name,) for name in names), *itertools.combinations(names, 2)]
     if len(names) > 2:
         result.append(tuple(names))
         if unsupported_reason(tuple(names), unsupported) is not None:
-            all_but_one = [tuple(n for n in names if n != left_out) for left_out in names]
-            result += [c for c in all_but_one if unsupported_reason(c, unsupported) is None]
+            result += largest_supported(names, unsupported)
     return result
+
+
+def largest_supported(names: Sequence[str], unsupported: Sequence[Unsupported]) -> list[Combination]:
+    """The supported combinations of more than two features that no larger supported one contains, fewest
+    features left out first, then in the order of the features left out."""
+    found: list[Combination] = []
+    for dropped in range(1, len(names) - 2):
+        for left_out in itertools.combinations(names, dropped):
+            combination = tuple(n for n in names if n not in left_out)
+            if (unsupported_reason(combination, unsupported) is None
+                    and not any(set(combination) < set(larger) for larger in found)):
+                found.append(combination)
+    return found
 
 
 def settings(combination: Combination, features: Sequence[Feature] = FEATURES) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -134,26 +149,38 @@ def last_stats(receiver: Receiver, quiet_s: float = 0.3) -> SchedulerStats | Non
     return stats
 
 
+def _with_checkpoint(value: Any, checkpoint: Path) -> Any:
+    """`value` with TARGET_CHECKPOINT replaced by the cell's checkpoint, inside dicts too."""
+    if isinstance(value, dict):
+        return {key: _with_checkpoint(item, checkpoint) for key, item in value.items()}
+    return str(checkpoint) if value == TARGET_CHECKPOINT else value
+
+
 def generate_twice(checkpoint: Path, prompt_ids: list[list[int]], engine_args: dict[str, Any],
                    request: dict[str, Any]) -> CellRun:
     context = zmq.Context()
     try:
         with captured_stderr() as log_path:
-            with LLM(model=str(checkpoint), **engine_args) as llm:
-                # The offline LLM does not read the scheduler's counters; the harness binds their channel
-                # (the scheduler retries what it could not send, so the newest snapshot arrives).
-                counters: Receiver = Receiver(context, llm._engine.paths.scheduler_to_frontend, SchedulerToFrontend)
+            with LLM(model=str(checkpoint), **_with_checkpoint(engine_args, checkpoint)) as llm:
+                # The offline LLM does not read the schedulers' counters; the harness binds their channels
+                # (a scheduler retries what it could not send, so the newest snapshot arrives).
+                counters: list[Receiver] = [Receiver(context, paths.scheduler_to_frontend, SchedulerToFrontend)
+                                            for paths in llm._engine.replica_paths]
                 first = llm.generate(prompt_ids, greedy(request))
                 second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
-                stats = last_stats(counters)
-                counters.socket.close()
+                stats = tuple(last_stats(receiver) for receiver in counters)
+                for receiver in counters:
+                    receiver.socket.close()
                 summary = llm.config.summary()
+                routed = tuple(load.routed for load in llm._router.loads)
+                eos_token_id = llm.tokenizer.eos_token_id
             log = log_path.read_text(errors="replace")
     finally:
         context.destroy(linger=0)
     return CellRun([o.token_ids for o in first], [o.token_ids for o in second],
                    [o.outputs[0].logprobs for o in first], [o.outputs[0].logprobs for o in second],
-                   sum(o.num_cached_tokens for o in second), log, stats, summary)
+                   sum(o.num_cached_tokens for o in second), log, stats, summary,
+                   [o.text for o in first] + [o.text for o in second], routed, eos_token_id)
 
 
 @dataclass(frozen=True)
@@ -163,28 +190,33 @@ class Reference:
     logprobs: list[list[TokenLogprobs | None]] | None
 
 
+def reference_features(combination: Combination, features: Sequence[Feature] = FEATURES) -> Combination:
+    """The features of `combination` that its reference keeps on (`Feature.in_reference`)."""
+    kept = {feature.name for feature in features if feature.in_reference}
+    return tuple(name for name in combination if name in kept)
+
+
 class References:
-    """The reference per (dtype, quantization), computed on first use (see the module docstring for which),
-    and the runs of cells that others are checked on/off against."""
+    """The reference per combination of `in_reference` features, computed on first use (see the module
+    docstring for which), and the runs of cells that others are checked on/off against."""
 
     def __init__(self, checkpoint: Path, prompt_ids: list[list[int]]) -> None:
         self.checkpoint = checkpoint
         self.prompt_ids = prompt_ids
-        self._references: dict[tuple[str, str | None], Reference] = {}
+        self._references: dict[Combination, Reference] = {}
         self.runs: dict[Combination, CellRun] = {}
 
-    def get(self, dtype: str, quantization: str | None = None) -> Reference:
-        key = (dtype, quantization)
-        if key not in self._references:
-            if key == ("float32", None):
+    def get(self, kept: Combination = (), features: Sequence[Feature] = FEATURES) -> Reference:
+        if kept not in self._references:
+            if not kept:  # the checkpoint is float32, which is what "auto" gives where no feature sets the dtype
                 model = hf_model(self.checkpoint, torch.float32)
-                self._references[key] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
+                self._references[kept] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
             else:
-                engine_args, _ = settings(())
-                engine_args.update(dtype=dtype, quantization=quantization, **ALL_REFERENCE)
-                run = generate_twice(self.checkpoint, self.prompt_ids, engine_args, {})
-                self._references[key] = Reference(run.first_pass, run.first_logprobs)
-        return self._references[key]
+                engine_args, request = settings(kept, features)
+                engine_args.update(**ALL_REFERENCE)
+                run = generate_twice(self.checkpoint, self.prompt_ids, engine_args, request)
+                self._references[kept] = Reference(run.first_pass, run.first_logprobs)
+        return self._references[kept]
 
 
 def _logprob(entry: TokenLogprobs | None, token: int) -> float | None:
@@ -249,8 +281,12 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
         return CellResult(combination, "unsupported", reason)
     started = time.perf_counter()
     engine_args, _ = settings(combination, features)
-    # The checkpoint is float32, which is what "auto" gives where no feature sets the dtype.
-    expected = references.get(engine_args.get("dtype", "float32"), engine_args.get("quantization"))
+    kept = reference_features(combination, features)
+    try:
+        expected = references.get(kept, features)
+    except Exception as error:  # the reference engine refused or crashed: the cell cannot be judged
+        return CellResult(combination, "failed", f"reference ({'+'.join(kept)}): {type(error).__name__}: "
+                          f"{str(error).splitlines()[0]}", time.perf_counter() - started)
     on_off = [f for f in features if f.golden_against_off and f.name in combination]
     without = tuple(name for name in combination if name not in {f.name for f in on_off})
     try:
@@ -260,13 +296,22 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
         return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
                           time.perf_counter() - started)
     problems, ties = _against_reference(baseline, expected)
+    eos_notes: list[str] = []
     if on_off:
         off = f"with {' and '.join(f.title for f in on_off)} off"
         problems = [f"{off}: {problem}" for problem in problems]
         ties = [f"{off}: {tie}" for tie in ties]
         for name, tokens, wanted in (("first pass", run.first_pass, baseline.first_pass),
                                      ("second pass", run.second_pass, baseline.second_pass)):
-            mismatch, _ = compare(tokens, [], Reference(wanted, None))
+            # The on run's request lets EOS through as an ordinary token (NO_DRAFT_BLOCKERS), the off run's
+            # masks it until the last token (min_tokens): where EOS is the model's choice they part by request,
+            # so the comparison stops at the on run's first EOS.
+            cut = [t[:t.index(run.eos_token_id)] if run.eos_token_id in t else t for t in tokens]
+            for index, (whole, kept_part) in enumerate(zip(tokens, cut)):
+                if len(kept_part) < len(whole):
+                    eos_notes.append(f"{name}: prompt {index} ({PROMPT_LENGTHS[index]} tokens) compared with the run "
+                                     f"{off} up to output token {len(kept_part)}, the EOS its request lets through")
+            mismatch, _ = compare(cut, [], Reference([w[:len(t)] for t, w in zip(cut, wanted)], None))
             if mismatch is not None:
                 problems.append(f"{name}, against the run {off}: {mismatch}")
     for feature in features:
@@ -275,9 +320,10 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
     seconds = time.perf_counter() - started
     if problems:
         return CellResult(combination, "failed", "; ".join(problems), seconds)
-    precision = " ".join(filter(None, (engine_args.get("dtype", "float32"), engine_args.get("quantization"))))
-    note = f"parted from the reference only at ties at {precision} precision: " if ties else ""
-    return CellResult(combination, "passed", note + "; ".join(ties), seconds)
+    precision = " ".join(filter(None, (engine_args.get("dtype", "float32"), engine_args.get("quantization"),
+                                       "fp8 KV cache" if engine_args.get("kv_cache_dtype") == "fp8" else None)))
+    notes = [f"parted from the reference only at ties at {precision} precision: " + "; ".join(ties)] if ties else []
+    return CellResult(combination, "passed", "; ".join(notes + eos_notes), seconds)
 
 
 def run_matrix(checkpoint: Path, selected: Sequence[Combination] | None = None,

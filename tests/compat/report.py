@@ -2,13 +2,16 @@
 
 Key design choice: the page is a pure function of the results, the feature table and a few facts about
 the run (command, commit, device), so it is only ever regenerated, never edited; `pair_label` is the one
-spelling of a value pair, which the test that checks the page's coverage looks for.
+spelling of a value pair and `feature_row` of a feature's row, which the tests that check the page's
+coverage look for.
 """
 
 from __future__ import annotations
 
 import itertools
 from typing import Sequence
+
+import msgspec
 
 from tests.compat.features import FEATURES, Feature, Setting
 from tests.compat.harness import NEAR_TIE_NATS, NEW_TOKENS, PROMPT_LENGTHS, CellResult, Combination
@@ -23,14 +26,24 @@ def pair_label(first: Feature, first_on: bool, second: Feature, second_on: bool)
     return f"{first.title} = {first_value}, {second.title} = {second_value}"
 
 
+def feature_row(feature: Feature) -> str:
+    """The feature's row in the page's Features table."""
+    evidence = feature.evidence.__doc__ if feature.evidence else "by construction"
+    if feature.golden_against_off:
+        evidence += "; the tokens equal the same cell's with it off"
+    if feature.slow:
+        evidence += " (full run only)"
+    return f"| {feature.title} | {_setting_text(feature.off)} | {_setting_text(feature.on)} | {evidence} |"
+
+
 def combination_label(combination: Combination, features: Sequence[Feature] = FEATURES) -> str:
     if not combination:
         return "baseline (all off)"
     if len(combination) == len(features) > 2:
         return "all on"
-    if len(combination) == len(features) - 1 > 2:
-        left_out = next(feature.title for feature in features if feature.name not in combination)
-        return f"all on but {left_out}"
+    if 2 < len(combination) < len(features) and len(features) - len(combination) < len(combination):
+        left_out = [feature.title for feature in features if feature.name not in combination]
+        return f"all on but {', '.join(left_out[:-1])}{' and ' if len(left_out) > 1 else ''}{left_out[-1]}"
     titles = {feature.name: feature.title for feature in features}
     return " + ".join(titles[name] for name in combination)
 
@@ -62,13 +75,15 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
         f"Each run is the golden greedy test: the offline `LLM` on a tiny random Llama checkpoint generates "
         f"{NEW_TOKENS} greedy tokens for {len(PROMPT_LENGTHS)} prompts of {', '.join(map(str, PROMPT_LENGTHS))} "
         "tokens, twice in one engine (the second pass, in reverse order, can reuse the first's prefix cache), "
-        "and both passes must equal the reference: transformers for float32, exactly; for bfloat16, and for "
-        "any quantized cell, the engine's own output with that dtype and quantization, every other feature off "
-        "and every op on its torch reference (transformers rounds bf16 in another order and has no fp8 path), "
+        "and both passes must equal the reference: transformers for float32, exactly; for a cell with "
+        "bfloat16, quantization, the fp8 KV cache or structured output on, the engine's own output with those "
+        "on, every other feature off and every op on its torch reference (transformers rounds bf16 in another "
+        "order and has no fp8 path and no grammar), "
         f"from which an output may part only at a tie (top logprobs within {NEAR_TIE_NATS} nats on both "
-        "sides; such cells say where). A feature whose request cannot carry logprobs (speculative decoding: "
-        "they would disable its drafts) is checked on/off: its cell must give exactly the tokens of the same "
-        "cell with it off, and that run must meet the reference as above. "
+        "sides; such cells say where). A feature whose request cannot carry logprobs (speculative decoding, "
+        "n-gram or draft model: they would disable its drafts) is checked on/off: its cell must give exactly "
+        "the tokens of the same cell with it off, and that run must meet the reference as above. The draft "
+        "model is the target checkpoint itself (`<target checkpoint>` below). "
         "Where a setting could silently not take effect, the run must also show it did (the evidence column). "
         "Features and unsupported combinations are declared in `tests/compat/features.py`; "
         "`tests/compat/test_compat_matrix.py` runs a subset in CI (features marked \"full run only\" stay out "
@@ -80,12 +95,7 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
         "| --- | --- | --- | --- |",
     ]
     for feature in features:
-        evidence = feature.evidence.__doc__ if feature.evidence else "by construction"
-        if feature.golden_against_off:
-            evidence += "; the tokens equal the same cell's with it off"
-        if feature.slow:
-            evidence += " (full run only)"
-        lines.append(f"| {feature.title} | {_setting_text(feature.off)} | {_setting_text(feature.on)} | {evidence} |")
+        lines.append(feature_row(feature))
     lines += [
         "",
         "## Matrix",
@@ -103,7 +113,7 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
     if len(features) > 2:
         lines += [f"All on: {cell(tuple(f.name for f in features))}", ""]
         for combination in by_combination:
-            if len(combination) == len(features) - 1 > 2:
+            if 2 < len(combination) < len(features):
                 lines += [f"{combination_label(combination, features).capitalize()}: {cell(combination)}", ""]
     lines += ["## Every run", "", "| run | result | seconds |", "| --- | --- | --- |"]
     for result in results:
@@ -127,5 +137,7 @@ def render(results: Sequence[CellResult], facts: dict[str, str], features: Seque
 
 def _setting_text(setting: Setting) -> str:
     values = {**setting.engine_args, **setting.request}
-    args = ", ".join(f"`{key}={value!r}`" for key, value in values.items())
+    # A msgspec struct (structured_outputs) as the fields it sets, as a request would send it.
+    args = ", ".join(f"`{key}={msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value!r}`"
+                     for key, value in values.items())
     return f"{setting.label}: {args}" if args else setting.label

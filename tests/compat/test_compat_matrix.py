@@ -4,7 +4,7 @@ A few float32 cells run here (the full matrix: `python -m tests.compat.matrix --
 a made-up feature that samples instead of decoding greedily must come out as a failed cell, as must
 speculation whose every draft is blocked (the tokens match; the evidence does not), a declared
 unsupported combination as unsupported without an engine, and docs/compatibility.md must cover every
-pair of today's features and all on.
+pair of today's features and all on (tests/unit/test_docs_compatibility.py checks its feature table).
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.features import FEATURES, Feature, Setting, Unsupported
+from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, Feature, Setting, Unsupported
 from rapid_llm.ipc.messages import TokenLogprobs
-from tests.compat.harness import (NEAR_TIE_NATS, CellResult, Reference, References, combinations, compare, prompts,
-                                  run_cell, run_matrix, settings)
+from tests.compat.harness import (NEAR_TIE_NATS, CellResult, Reference, References, _with_checkpoint, combinations,
+                                  compare, largest_supported, prompts, run_cell, run_matrix, settings)
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Three pairs, chosen so each float32 feature that starts no extra process is on in one of them.
-CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption"), ("speculative", "quantization")]
+# Five pairs, chosen so each float32 feature that starts no extra process is on in one of them.
+CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption"), ("speculative", "quantization"),
+             ("preemption", "draft_model"), ("structured_output", "kv_cache_fp8")]
 FACTS = {"commit": "test", "device": "cpu", "date": "today"}
 
 
@@ -103,6 +104,24 @@ def test_an_unsupported_all_on_adds_the_supported_all_but_one_runs() -> None:
     runs = combinations(unsupported=declared)
     assert runs[-3] == tuple(names)
     assert runs[-2:] == [tuple(n for n in names if n != "chunked_prefill"), tuple(n for n in names if n != "preemption")]
+
+
+def test_with_every_pair_of_conflicts_the_largest_supported_combinations_run() -> None:
+    names = [feature.name for feature in FEATURES]
+    runs = largest_supported(names, UNSUPPORTED)
+    # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output.
+    assert len(runs) == 6 and all(len(run) == len(names) - 3 for run in runs)
+    assert {frozenset(names) - set(run) for run in runs} == {
+        frozenset({one, *({"speculative", "draft_model", "structured_output"} - {other})})
+        for one in ("tensor_parallel", "quantization") for other in ("speculative", "draft_model", "structured_output")}
+    assert combinations()[-6:] == runs
+
+
+def test_the_draft_model_setting_names_the_cells_checkpoint() -> None:
+    engine_args, _ = settings(("draft_model",))
+    assert engine_args["speculative_config"]["model"] == TARGET_CHECKPOINT
+    resolved = _with_checkpoint(engine_args, Path("/ckpt"))
+    assert resolved["speculative_config"]["model"] == "/ckpt" and resolved["log_level"] == "warning"
 
 
 def test_the_page_is_generated_and_covers_every_pair_and_all_on() -> None:
