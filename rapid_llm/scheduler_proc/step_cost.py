@@ -29,7 +29,7 @@ MIN_PREFILL_SEEN = 64
 # the target) and a step's weight reads are shared by a useful number of rows.
 MIN_PREFILL_CHUNK = 128
 # A step whose finished prompt costs this many times the step's constant part takes no other prompt.
-PACKING_RATIO = 10.0
+PACKING_RATIO = 20.0
 
 
 def attention_pairs(num_computed: int, num_new: int) -> int:

@@ -20,7 +20,7 @@ from rapid_llm.scheduler_proc.step_cost import (MIN_PREFILL_CHUNK, PACKING_RATIO
                                                 StepCostModel, attention_pairs, step_features)
 from tests.unit.test_scheduler import FakeWorker, _Collector, expected_outcomes, hashed_model, make_config, request
 
-CONSTANT, PER_TOKEN, PER_PAIR = 2e-3, 3e-5, 6e-9
+CONSTANT, PER_TOKEN, PER_PAIR = 1e-3, 3e-5, 6e-9
 
 
 def synthetic_seconds(features: tuple[int, int]) -> float:
