@@ -103,6 +103,7 @@ class Scheduler:
         self._speculation = None if config.speculative is None else Speculation(config.speculative)
         self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
         self._step_cost = StepCostModel()
+        self._itl_target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -170,16 +171,12 @@ class Scheduler:
 
     def _prefill_allowance(self) -> PrefillAllowance | None:
         """The cost model's cut on this step's prompt chunks, when a prompt waits or is being prefilled."""
-        decodes, prefilling = [], bool(self._waiting)
-        for request in self._running:
-            if request.num_tokens - request.num_computed_tokens > 1:
-                prefilling = True
-            else:
-                decodes.append((request.num_computed_tokens, 1))
-        if not prefilling:
-            return None
-        target = None if self.config.itl_target_ms is None else self.config.itl_target_ms / 1000
-        return PrefillAllowance.start(self._step_cost, target, decodes)
+        if not self._waiting and not any(r.num_tokens - r.num_computed_tokens > 1 for r in self._running):
+            return None  # a decode-only step: nothing to cut
+        # Only the ITL target weighs the step's decodes.
+        decodes = [] if self._itl_target_s is None else [
+            (r.num_computed_tokens, 1) for r in self._running if r.num_tokens - r.num_computed_tokens <= 1]
+        return PrefillAllowance.start(self._step_cost, self._itl_target_s, decodes)
 
     def _schedule_running(self, draft: _PlanDraft) -> bool:
         """Give each running request what its step policy asks for; returns whether anything was preempted."""
