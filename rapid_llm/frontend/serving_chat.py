@@ -25,6 +25,7 @@ from rapid_llm.frontend.tool_choice import plan_tools
 from rapid_llm.frontend.tool_parsers import ToolParser
 from rapid_llm.frontend.tool_parsers.stream import ToolCallStreamer, limit_calls, tool_call_dict
 from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.sampling import SamplingParams
 
 
 def _tool_finish_reason(finish_reason: str | None) -> str | None:
@@ -135,8 +136,9 @@ async def chat_prompt_text(serving: Serving, body: ChatCompletionRequest) -> str
                                    body.template_kwargs, body.request_chat_template, body.tool_dicts)
 
 
-async def create_chat_completion(serving: Serving, request: Request) -> Response:
-    body = await serving.parse(request, ChatCompletionRequest)
+async def prepare_chat(serving: Serving, body: ChatCompletionRequest) -> tuple[ChatFormat, list[int], SamplingParams]:
+    """The chat format, prompt ids and sampling parameters of `body`: the chat route's work before
+    generation, shared with the routes that translate their own request shapes into a chat request."""
     plan = plan_tools(body, serving.options)
     prompt_ids = await serving.encode(await chat_prompt_text(serving, body), "messages", add_special_tokens=False)
     max_tokens = serving.resolve_max_tokens(len(prompt_ids), body.requested_max_tokens, body.max_tokens_param,
@@ -144,4 +146,10 @@ async def create_chat_completion(serving: Serving, request: Request) -> Response
     params = plan.apply(body.sampling_params(max_tokens, serving.options.sampling_defaults))
     fmt = ChatFormat(serving.token_strings, bool(body.logprobs), plan.make_parser, body.parallel_tool_calls,
                      prompt_ids if body.return_token_ids else None)
+    return fmt, prompt_ids, params
+
+
+async def create_chat_completion(serving: Serving, request: Request) -> Response:
+    body = await serving.parse(request, ChatCompletionRequest)
+    fmt, prompt_ids, params = await prepare_chat(serving, body)
     return await serving.respond(request, fmt, body, [(prompt_ids, params)])
