@@ -1,10 +1,12 @@
-"""What /v1/completions and /v1/chat/completions share: request checks, fan-out, responses.
+"""What the generation routes share: request checks, fan-out, responses.
 
 Key design choice: a route only turns its body into prompt token ids and SamplingParams and
 supplies a `ResponseFormat` (how one choice looks in its response and chunk objects); everything
 else -- the context-length check, fanning `n` choices out to `n` engine requests, merging their
-deltas, usage, SSE framing, disconnect handling and metrics -- happens here once for both. A beam search is
-one engine request per prompt whose final delta carries its n best beams, expanded into choices here.
+deltas, usage, disconnect handling and metrics -- happens here once. A beam search is one engine
+request per prompt whose final delta carries its n best beams, expanded into choices here.
+`Serving.generate` gives the chat- or completion-shaped result (a dict, or a `ChunkStream`);
+`Serving.respond` sends it as OpenAI does, while /v1/responses and /v1/messages reshape it first.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from starlette.responses import Response
 
 from rapid_llm.frontend.chat_template import ChatTemplate
 from rapid_llm.frontend.engine_client import EngineClient
-from rapid_llm.frontend.errors import OpenAIError, bad_request, internal_error
+from rapid_llm.frontend.chunk_stream import ChunkStream, OpenAIEvents, stream_events
+from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.metrics import FrontendMetrics
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
-from rapid_llm.frontend.sse import DONE_EVENT, EventStreamResponse, run_unless_disconnected, sse_event
+from rapid_llm.frontend.sse import EventStreamResponse, run_unless_disconnected
 from rapid_llm.frontend.structured_request import check_structured_outputs
 from rapid_llm.ipc.choice_output import ChoiceOutput, expand_beams
 from rapid_llm.ipc.messages import TextDelta
@@ -212,8 +215,27 @@ class Serving:
         prompts: list[tuple[list[int], SamplingParams]],
         drop_output: bool = False,
     ) -> Response:
-        """Generate every choice of every prompt; choice index = prompt index * n + i (as vLLM).
-        `drop_output`: the generated tokens are not part of the answer (echo with max_tokens 0)."""
+        """Generate every choice of every prompt (see `generate`) and send the result: a JSON body, or SSE
+        chunks closed by `data: [DONE]`."""
+        generated = await self.generate(request, fmt, body, prompts, drop_output)
+        if generated is None:
+            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        if isinstance(generated, ChunkStream):
+            return EventStreamResponse(stream_events(generated, OpenAIEvents()), close=generated.close)
+        return json_response(generated)
+
+    async def generate(
+        self,
+        request: Request,
+        fmt: ResponseFormat,
+        body: GenerationRequest,
+        prompts: list[tuple[list[int], SamplingParams]],
+        drop_output: bool = False,
+    ) -> dict[str, Any] | ChunkStream | None:
+        """The whole response object, or (`body.stream`) its chunk objects as they are generated; None when
+        the client disconnected first (the request is aborted). Choice index = prompt index * n + i (as
+        vLLM). `drop_output`: the generated tokens are not part of the answer (echo with max_tokens 0).
+        A refusal before the first output raises OpenAIError; after it, the chunk iterator raises."""
         for _, params in prompts:
             self.check_vocab_params(params)
         structured, structured_field = body.structured_outputs_params()
@@ -236,15 +258,14 @@ class Serving:
             first = await run_unless_disconnected(anext(deltas), request.receive)
             if first is None:
                 logger.info("%s: client disconnected, request aborted", envelope["id"])
-                return Response(status_code=_CLIENT_CLOSED_REQUEST)
-            return EventStreamResponse(
-                self._stream(envelope, fmt, first, deltas, len(choices), num_prompt_tokens, n, body.include_usage),
-                close=deltas.aclose)
+                return None
+            chunks = self._chunks(envelope, fmt, first, deltas, len(choices), num_prompt_tokens, n, body.include_usage)
+            return ChunkStream(envelope["id"], chunks, deltas.aclose)
         outputs = await run_unless_disconnected(
             self._collect(envelope["id"], choices, num_prompt_tokens, n, drop_output), request.receive)
         if outputs is None:
             logger.info("%s: client disconnected, request aborted", envelope["id"])
-            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+            return None
         cached_tokens = self._cached_tokens([out.num_cached_tokens for out in outputs], n)
         # A beam search is one engine request per prompt: its n best beams become that prompt's choices.
         outputs = expand_beams(outputs)
@@ -252,14 +273,12 @@ class Serving:
         completion_tokens = sum(len(out.token_ids) for out in outputs)
         if body.ranks_choices:
             outputs = best_choices(outputs, n, body.n)
-        return json_response(
-            {
-                **envelope,
-                "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
-                "usage": usage(num_prompt_tokens, completion_tokens, cached_tokens),
-                **fmt.response_fields,
-            }
-        )
+        return {
+            **envelope,
+            "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
+            "usage": usage(num_prompt_tokens, completion_tokens, cached_tokens),
+            **fmt.response_fields,
+        }
 
     def _cached_tokens(self, per_choice: list[int], n: int) -> int | None:
         """Cached prompt tokens for the usage object; None when the engine has no prefix cache."""
@@ -278,7 +297,7 @@ class Serving:
                 outputs[index].add(delta)
         return outputs
 
-    async def _stream(
+    async def _chunks(
         self,
         envelope: dict[str, Any],
         fmt: ResponseFormat,
@@ -288,45 +307,32 @@ class Serving:
         num_prompt_tokens: int,
         n: int,
         include_usage: bool,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[dict[str, Any]]:
         # Tokens whose text the detokenizer still holds back wait here, so that no chunk is empty.
         pending = [ChoiceOutput() for _ in range(num_choices)]
         opened = [False] * num_choices
         cached = [0] * num_choices
         completion_tokens = 0
-        try:
-            async with aclosing(deltas):
-                async for index, delta in _prepend(first, deltas):
-                    completion_tokens += len(delta.token_ids)
-                    cached[index] = max(cached[index], delta.num_cached_tokens)
-                    output = pending[index]
-                    output.add(delta)
-                    if not delta.text and delta.finish_reason is None:
-                        continue
-                    if not opened[index]:
-                        opened[index] = True
-                        opening = fmt.opening_chunk_choice(index)
-                        if opening is not None:
-                            yield sse_event({**envelope, **fmt.response_fields, "choices": [opening]})
-                    choice = fmt.chunk_choice(index, output)
-                    if choice is not None:
-                        yield sse_event({**envelope, "choices": [choice]})
-                    pending[index] = ChoiceOutput()
-        except OpenAIError as error:
-            # Headers are sent already, so the error can only travel as an event (as vLLM does).
-            logger.warning("%s: %s", envelope["id"], error.message)
-            yield sse_event(error.body())
-            yield DONE_EVENT
-            return
-        except Exception:
-            logger.exception("%s: generation failed", envelope["id"])
-            yield sse_event(internal_error(envelope["id"]).body())
-            yield DONE_EVENT
-            return
+        async with aclosing(deltas):
+            async for index, delta in _prepend(first, deltas):
+                completion_tokens += len(delta.token_ids)
+                cached[index] = max(cached[index], delta.num_cached_tokens)
+                output = pending[index]
+                output.add(delta)
+                if not delta.text and delta.finish_reason is None:
+                    continue
+                if not opened[index]:
+                    opened[index] = True
+                    opening = fmt.opening_chunk_choice(index)
+                    if opening is not None:
+                        yield {**envelope, **fmt.response_fields, "choices": [opening]}
+                choice = fmt.chunk_choice(index, output)
+                if choice is not None:
+                    yield {**envelope, "choices": [choice]}
+                pending[index] = ChoiceOutput()
         if include_usage:
             total = usage(num_prompt_tokens, completion_tokens, self._cached_tokens(cached, n))
-            yield sse_event({**envelope, "choices": [], "usage": total})
-        yield DONE_EVENT
+            yield {**envelope, "choices": [], "usage": total}
 
     async def _deltas(
         self, request_id: str, choices: list[tuple[list[int], SamplingParams]], num_prompt_tokens: int, n: int,
