@@ -139,7 +139,8 @@ def _delta(
 ) -> TextDelta | None:
     """The delta for the update's first `num_tokens` tokens, or None if nothing happened."""
     token_ids = update.token_ids[:num_tokens]
-    if not text and not token_ids and finish_reason is None and not update.prompt_logprobs:
+    if (not text and not token_ids and finish_reason is None and not update.prompt_logprobs
+            and not update.embedding):
         return None
     return TextDelta(
         request_id=update.request_id,
@@ -155,4 +156,5 @@ def _delta(
         prefill_time=update.prefill_time,
         error=update.error,
         error_kind=update.error_kind,
+        embedding=update.embedding,
     )

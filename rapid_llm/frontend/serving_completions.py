@@ -128,34 +128,35 @@ class CompletionFormat:
         return {"logprob": clamp_logprob(logprob), "rank": rank, "decoded_token": self.token_strings(token_id)}
 
 
-async def _prompts(serving: Serving, prompt: str | list[int | str | list[int]], n: int) -> list[Prompt]:
+async def prompt_inputs(serving: Serving, prompt: str | list[int | str | list[int]], n: int,
+                        param: str = "prompt") -> list[Prompt]:
     """One prompt (text or token ids) or a batch of them (texts or token-id lists), tokenized; the
-    batch size times `n` is checked before anything is tokenized."""
+    batch size times `n` is checked before anything is tokenized. `param`: the request field holding them."""
     if isinstance(prompt, str) or (prompt and all(isinstance(item, int) for item in prompt)):
         items: list[str | list[int]] = [prompt]  # type: ignore[list-item]  # one prompt
     elif prompt and all(isinstance(item, (str, list)) for item in prompt):
         items = prompt  # type: ignore[assignment]  # a batch: strings or token-id lists
     else:
-        raise bad_request("prompt must be a string, a list of token ids, or a list of either", param="prompt")
+        raise bad_request(f"{param} must be a string, a list of token ids, or a list of either", param=param)
     # An n beyond MAX_N is refused (naming n) by the sampling-params check that follows.
     if len(items) * min(n, MAX_N) > MAX_CHOICES:
         raise bad_request(f"a request may ask for at most {MAX_CHOICES} choices (prompts x n), got "
-                          f"{len(items)} x {n}", param="prompt")
+                          f"{len(items)} x {n}", param=param)
     prompts = []
     for item in items:
         if isinstance(item, str):
             if not item:
-                raise bad_request("prompt must not be empty", param="prompt")
-            prompts.append(Prompt(item, await serving.encode(item, "prompt")))
+                raise bad_request(f"{param} must not be empty", param=param)
+            prompts.append(Prompt(item, await serving.encode(item, param)))
         else:  # msgspec has checked that a nested list holds integers only
-            serving.check_prompt_ids(item, "prompt")
+            serving.check_prompt_ids(item, param)
             prompts.append(Prompt(None, item))
     return prompts
 
 
 async def create_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, CompletionRequest)
-    prompts = await _prompts(serving, body.prompt, max(body.n, body.best_of or 0))
+    prompts = await prompt_inputs(serving, body.prompt, max(body.n, body.best_of or 0))
     # Scoring a prompt alone still samples one token (which is dropped): the engine's steps end in a sample.
     requested_max_tokens = 1 if body.echo_only else body.max_tokens
     engine_prompts = []

@@ -24,6 +24,7 @@ class ChoiceOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why the engine aborted the request (finish_reason "abort"), if it did
     beams: list[BeamSequence] = field(default_factory=list)  # a finished beam search's n best, best first
+    embedding: list[float] = field(default_factory=list)  # a pooling request's pooled prompt
 
     @classmethod
     def from_beam(cls, beam: BeamSequence, num_cached_tokens: int) -> "ChoiceOutput":
@@ -41,6 +42,8 @@ class ChoiceOutput:
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
         self.prompt_logprobs.extend(delta.prompt_logprobs)
+        if delta.embedding:
+            self.embedding = delta.embedding
         if len(self.logprobs) < len(self.token_ids):
             self.logprobs.extend([None] * (len(self.token_ids) - len(self.logprobs)))
         if delta.finish_reason is not None:

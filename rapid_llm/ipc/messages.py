@@ -154,6 +154,13 @@ class PromptLogprobs(_Part):
     entries: list[TokenLogprobs]
 
 
+class PooledPrompt(_Part):
+    """A pooling request's prompt as one vector of final hidden states (float32, not normalised)."""
+
+    request_id: str
+    values: list[float]
+
+
 class SlotFailure(_Part):
     """The worker could not serve the request in `slot` (e.g. its state could not be prepared)."""
 
@@ -186,6 +193,7 @@ class StepResult(_Message):
     draft_token_ids: list[list[int]] = []
     # Wall seconds from the step's launch to its tokens on the host (the scheduler's step cost model learns it).
     step_seconds: float = 0.0
+    pooled: list[PooledPrompt] = []  # one per pooling request whose prompt ended this step
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -232,6 +240,7 @@ class TokenUpdate(_Part):
     error_kind: ErrorKind | None = None
     # A finished beam search: its n best beams, best first (token_ids then stays empty).
     beams: list[BeamSequence] = []
+    embedding: list[float] = []  # a pooling request's pooled prompt (PooledPrompt.values), sent once
 
 
 class TokenBatch(_Message):
@@ -256,6 +265,7 @@ class TextDelta(_Part):
     error: str | None = None  # as TokenUpdate.error
     error_kind: ErrorKind | None = None
     beams: list[BeamSequence] = []  # as TokenUpdate.beams, with their text
+    embedding: list[float] = []  # as TokenUpdate.embedding
 
 
 class TextBatch(_Message):

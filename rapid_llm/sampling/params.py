@@ -18,6 +18,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values is [-100, 100]
 # Beam search ranks each beam's top 2 * width candidates, which the worker returns as top logprobs.
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
+POOLING_TYPES = (None, "last", "mean")
 
 
 class SamplingParamsError(ValueError):
@@ -85,6 +86,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     beam_width: int | None = None
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # Embeddings: the prompt's final hidden states pooled into one vector ("last" token or "mean" of all), sent
+    # back with the first sampled token (worker_proc/prompt_pooling.py); None for plain generation.
+    pooling: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -142,6 +146,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamsError(
                 "structured_outputs", "structured_outputs must set exactly one of json, json_object, regex, "
                 f"choice, grammar; got {self.structured_outputs.kinds() or 'none'}")
+        if self.pooling not in POOLING_TYPES:
+            raise SamplingParamsError("pooling", f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         if self.use_beam_search:
             self._validate_beam_search()
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -172,7 +178,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                                           f"raw log-probabilities), got {getattr(self, field)!r}")
         unsupported = {"top_k": self.top_k not in (-1, 0, 1), "stop": bool(self.stop), "logprobs": self.logprobs is not None,
                        "prompt_logprobs": self.prompt_logprobs is not None,
-                       "structured_outputs": self.structured_outputs is not None, "logit_bias": bool(self.logit_bias)}
+                       "structured_outputs": self.structured_outputs is not None, "logit_bias": bool(self.logit_bias),
+                       "pooling": self.pooling is not None}
         for field, used in unsupported.items():
             if used:
                 raise SamplingParamsError(field, f"{field} is not supported with beam search")

@@ -25,8 +25,9 @@ class PrefixCache:
 
     def lookup(self, request: RequestState) -> list[int]:
         """The cached blocks a waiting request can start from (not taken yet)."""
-        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too).
-        if not self.enabled or request.params.prompt_logprobs is not None:
+        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too)
+        # and no hidden states for mean pooling.
+        if not self.enabled or request.params.prompt_logprobs is not None or request.params.pooling == "mean":
             return []
         # At least one token is always computed, so that the step has logits to sample from; a
         # block that token falls in is written, and a block being written is never shared.

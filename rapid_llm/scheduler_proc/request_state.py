@@ -69,6 +69,7 @@ class RequestState:
         # Prompt tokens whose logprobs have arrived (counting the first, which has none), and those unsent.
         self._num_prompt_logprobs = 1
         self._unsent_prompt_logprobs: list[TokenLogprobs] = []
+        self.unsent_embedding: list[float] = []  # a pooling request's pooled prompt, until reported
         self.arrived_at = time.monotonic()
         self.first_scheduled_at: float | None = None  # first admission; resumptions keep it
         self.first_token_at: float | None = None
@@ -210,8 +211,10 @@ class RequestState:
             error=self.error,
             error_kind=self.error_kind,
             beams=self.beam_outputs,
+            embedding=self.unsent_embedding,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []
         self._unsent_prompt_logprobs = []
+        self.unsent_embedding = []
         return update

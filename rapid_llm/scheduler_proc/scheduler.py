@@ -349,6 +349,10 @@ class Scheduler:
             request = self._requests.get(chunk.request_id)
             if request is not None and not request.is_finished:
                 request.add_prompt_logprobs(chunk.start, chunk.entries)
+        for pooled in result.pooled:
+            request = self._requests.get(pooled.request_id)
+            if request is not None and not request.is_finished:
+                request.unsent_embedding = pooled.values
         beam_rounds: dict[RequestState, dict[int, TokenLogprobs | None]] = {}
         for index, (slot, token_id) in enumerate(zip(result.slots, result.token_ids)):
             request, epoch = record.samplers[slot]

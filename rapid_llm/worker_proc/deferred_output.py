@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rapid_llm.ipc.messages import PromptLogprobs, TokenLogprobs
+from rapid_llm.ipc.messages import PooledPrompt, PromptLogprobs, TokenLogprobs
 from rapid_llm.layers.sampler import SamplerOutput
 
 
@@ -31,13 +31,15 @@ class StepOutput:
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     num_accepted: list[int] = field(default_factory=list)  # per row, drafts accepted; empty in steps without drafts
     draft_token_ids: list[list[int]] = field(default_factory=list)  # per row, a worker proposer's next drafts
+    pooled: list[PooledPrompt] = field(default_factory=list)  # pooling requests whose prompt ended this step
 
 
 class PendingOutput:
     def __init__(self, rows: list[int], sampled: SamplerOutput | None, asked: list[int | None],
                  prompt_logprobs: list[PromptLogprobs], num_accepted: torch.Tensor | None = None,
-                 drafts: torch.Tensor | None = None) -> None:
+                 drafts: torch.Tensor | None = None, pooled: list[PooledPrompt] | None = None) -> None:
         self.rows, self.asked, self.prompt_logprobs = rows, asked, prompt_logprobs
+        self.pooled = pooled or []
         self._event: torch.cuda.Event | None = None
         self._tensors: list[torch.Tensor] = []
         self._has_accepted = num_accepted is not None
@@ -60,12 +62,13 @@ class PendingOutput:
         if self._event is not None:
             self._event.synchronize()
         if not self._tensors:
-            return StepOutput([], [], [], self.prompt_logprobs)
+            return StepOutput([], [], [], self.prompt_logprobs, pooled=self.pooled)
         token_ids = self._tensors[0].tolist()
         num_accepted = self._tensors[1].tolist() if self._has_accepted else []
         drafts = ([[token for token in row if token >= 0] for row in self._tensors[1 + self._has_accepted].tolist()]
                   if self._has_drafts else [])
-        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs, num_accepted, drafts)
+        return StepOutput(self.rows, token_ids, self._logprobs_per_row(), self.prompt_logprobs, num_accepted, drafts,
+                          self.pooled)
 
     def _logprobs_per_row(self) -> list[TokenLogprobs | None]:
         first = 1 + self._has_accepted + self._has_drafts

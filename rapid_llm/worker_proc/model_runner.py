@@ -34,6 +34,7 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.distributed import tp_broadcast
+from rapid_llm.ipc.messages import PooledPrompt
 from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
@@ -56,6 +57,7 @@ from rapid_llm.worker_proc.drafting import Drafting
 from rapid_llm.worker_proc.input_batch import InputBatch
 from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
+from rapid_llm.worker_proc.prompt_pooling import PromptPooling
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,7 @@ class ModelRunner:
                                       self.device)
         # Per-request values that wrapped layers read per token (layers/step_rows.py); empty unless a feature adds one.
         self.step_rows = StepRows(max_num_seqs, self.device)
+        self.pooling = PromptPooling(max_num_seqs)
         self.drafting = None
         if proposer is not None:
             proposer.bind_kv(KVBinding(self.kv_cache.num_blocks, self.padding_block, self.kv_cache.num_blocks))
@@ -203,12 +206,14 @@ class ModelRunner:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
         self.step_rows.start(slot, params)
+        self.pooling.start(slot, params)
         if self.drafting is not None:
             self.drafting.add(slot, params)
 
     def release(self, slots: Sequence[int]) -> None:
         self.input_batch.release(slots)
         self.step_rows.release(slots)
+        self.pooling.release(slots)
         if self.drafting is not None:
             self.drafting.release(slots)
 
@@ -263,10 +268,11 @@ class ModelRunner:
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
             prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))
+        pooled = self.pooling.pool(batch.request_ids, slots, query_lens, ends, batch.num_prompt_tokens, hidden_states)
         samples = np.flatnonzero(ends == batch.num_tokens[slots])
         if not samples.size:
             self._draft(slots, query_lens, ends, hidden_states, samples, samples)
-            return PendingOutput([], None, [], prompt_logprobs)
+            return PendingOutput([], None, [], prompt_logprobs, pooled=pooled)
         sample_slots = slots[samples]
         token_bitmask = (structured.fill_bitmask(sample_slots.tolist(), self.device)
                          if structured is not None and structured.active else None)
@@ -274,7 +280,7 @@ class ModelRunner:
                                  count=samples.size)
         if num_drafts.any():
             return self._sample_speculative(chunks, slots, hidden_states, query_lens, ends, samples, num_drafts,
-                                            token_bitmask, prompt_logprobs)
+                                            token_bitmask, prompt_logprobs, pooled)
         last_token_index, slots_on_device, positions = to_device(
             [torch.from_numpy(np.cumsum(query_lens)[samples] - 1), torch.from_numpy(sample_slots),
              torch.from_numpy(ends[samples])], self.device)
@@ -293,7 +299,7 @@ class ModelRunner:
         drafts = self._draft(slots, query_lens, ends, hidden_states, samples, ends[samples] + 1)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
-        return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts)
+        return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts, pooled=pooled)
 
     def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
         """Which of the step's slots the worker-side proposer drafts for after it (nothing without one)."""
@@ -309,7 +315,8 @@ class ModelRunner:
 
     def _sample_speculative(self, chunks: Sequence[Chunk], slots: np.ndarray, hidden_states: torch.Tensor,
                             query_lens: np.ndarray, ends: np.ndarray, samples: np.ndarray, num_drafts: np.ndarray,
-                            token_bitmask: torch.Tensor | None, prompt_logprobs: list) -> PendingOutput:
+                            token_bitmask: torch.Tensor | None, prompt_logprobs: list,
+                            pooled: list[PooledPrompt]) -> PendingOutput:
         """Sample every sampling row at its last 1 + k positions (k = its drafts, often 0), as if each position
         were a decode step of its own (a seeded row's noise keyed by that token's output index), then keep the
         accepted drafts and one target token per row (`accept_one_hot`; rows whose drafts come with a worker
@@ -358,7 +365,7 @@ class ModelRunner:
             slots, query_lens, ends, hidden_states, samples, host_first_positions + num_accepted.cpu().numpy() + 1)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
-        return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted, drafts)
+        return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted, drafts, pooled)
 
     def _validate(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray) -> None:
         """Vectorised over the step; the first bad chunk is named."""

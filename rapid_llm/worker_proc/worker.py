@@ -57,6 +57,7 @@ class PendingResult:
             failures=self.failures,
             prompt_logprobs=output.prompt_logprobs,
             step_seconds=seconds,
+            pooled=output.pooled,
         )
 
 

@@ -27,6 +27,7 @@ from rapid_llm.sampling.params import INT64_MAX, INT64_MIN, MAX_N, SamplingParam
         ("stop_token_ids", [-1]),
         ("stop_token_ids", [2**64 - 1]),
         ("stop_token_ids", [5, 2**70]),
+        ("pooling", "cls"),
     ],
 )
 def test_out_of_range_fields_are_refused_by_name(field: str, value: object) -> None:
@@ -71,6 +72,7 @@ def test_a_seed_whose_last_choice_would_overflow_is_refused() -> None:
     ({"stop": ["x"]}, "stop"),
     ({"early_stopping": "always"}, "early_stopping"),
     ({"length_penalty": float("inf")}, "length_penalty"),
+    ({"pooling": "last"}, "pooling"),
 ])
 def test_beam_search_refuses_what_would_change_its_ranking(fields, param) -> None:
     params = SamplingParams(use_beam_search=True, **{"temperature": 0.0, **fields})

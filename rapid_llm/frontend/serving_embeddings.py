@@ -1,0 +1,120 @@
+"""POST /v1/embeddings: texts or token ids in, one pooled, normalised vector each out (OpenAI's shape).
+
+Key design choice: an embedding is a generation request that asks the engine to pool its prompt's final
+hidden states (`SamplingParams.pooling`) and samples one token, which is dropped; so embeddings batch with
+chat and completions in the same scheduler steps and share the generation path (`Serving.generate`). The
+pooling is the checkpoint's sentence-transformers choice (`1_Pooling/config.json`: last token or mean), else
+the last token (Qwen3-Embedding's). `encoding_format: "base64"` (the OpenAI SDK's default) packs float32
+little-endian, as OpenAI does; vLLM's `normalize: false` returns the raw pooled vector.
+Usage: `client.embeddings.create(model=..., input=["a", "b"])`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rapid_llm.frontend.errors import bad_request
+from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.serving_completions import prompt_inputs
+from rapid_llm.ipc.choice_output import ChoiceOutput
+from rapid_llm.sampling import SamplingParams
+
+# sentence-transformers' pooling modes that decoder checkpoints use, and the engine's names for them.
+_POOLING_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean"}
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    input: str | list[int | str | list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None  # accepted and ignored, as in vLLM
+    normalize: bool = True  # vLLM's: false returns the pooled vector as it is
+
+    # What Serving.generate asks of any generation request: embeddings are never streamed nor ranked.
+    stream = False
+    ranks_choices = False
+    include_usage = False
+
+    def structured_outputs_params(self) -> tuple[None, None]:
+        return None, None
+
+
+@lru_cache(maxsize=8)
+def checkpoint_pooling(model_path: str) -> str:
+    """The pooling a sentence-transformers checkpoint declares ("last" or "mean"); "last" without one."""
+    modules_file = Path(model_path) / "modules.json"
+    if not modules_file.is_file():
+        return "last"
+    for module in json.loads(modules_file.read_text()):
+        if module.get("type", "").endswith("Pooling"):
+            config = json.loads((Path(model_path) / module["path"] / "config.json").read_text())
+            modes = [mode for mode, enabled in config.items() if mode.startswith("pooling_mode_") and enabled]
+            if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+                raise ValueError(f"{model_path}: sentence-transformers pooling {modes} is not supported; "
+                                 f"rapid_llm pools by one of {sorted(_POOLING_MODES)}")
+            return _POOLING_MODES[modes[0]]
+    return "last"
+
+
+class EmbeddingFormat:
+    """Shapes each input's pooled vector as an OpenAI embedding object (Serving.generate's choices)."""
+
+    id_prefix = "embd"
+    object_name = "list"
+    chunk_object_name = "list"
+    response_fields: dict[str, Any] = {}
+
+    def __init__(self, encoding_format: str, normalize: bool) -> None:
+        self.encoding_format = encoding_format
+        self.normalize = normalize
+
+    def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
+        vector = output.embedding
+        if self.normalize:
+            norm = math.sqrt(sum(value * value for value in vector)) or 1.0
+            vector = [value / norm for value in vector]
+        embedding: list[float] | str = vector
+        if self.encoding_format == "base64":
+            embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        return {"object": "embedding", "index": index, "embedding": embedding}
+
+    def chunk_choice(self, index: int, output: ChoiceOutput) -> None:
+        return None
+
+    def opening_chunk_choice(self, index: int) -> None:
+        return None
+
+
+async def create_embedding(serving: Serving, request: Request) -> Response:
+    body = await serving.parse(request, EmbeddingRequest)
+    if body.dimensions is not None:
+        raise bad_request("dimensions is not supported: embeddings have the model's hidden size", param="dimensions")
+    prompts = await prompt_inputs(serving, body.input, 1, param="input")
+    try:
+        pooling = checkpoint_pooling(serving.engine.model_path)
+    except ValueError as error:
+        raise bad_request(str(error), param="model") from None
+    # One sampled token ends each request (it is dropped); the prompt must leave room for it.
+    engine_prompts = []
+    for prompt in prompts:
+        max_tokens = serving.resolve_max_tokens(len(prompt.token_ids), 1, "input", "input")
+        engine_prompts.append((prompt.token_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                                pooling=pooling)))
+    generated = await serving.generate(request, EmbeddingFormat(body.encoding_format, body.normalize), body,
+                                       engine_prompts, drop_output=True)
+    if not isinstance(generated, dict):  # None (never a stream): the client left, the requests were aborted
+        return Response(status_code=499)  # nginx's "client closed request", as the other routes answer
+    prompt_tokens = generated["usage"]["prompt_tokens"]
+    return json_response({"object": "list", "data": generated["choices"], "model": generated["model"],
+                          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
