@@ -33,6 +33,7 @@ from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
 from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
+from rapid_llm.frontend.serving_responses import ResponsesRoute
 from rapid_llm.frontend.serving_embeddings import create_embedding
 from rapid_llm.frontend.serving_tokenize import detokenize, tokenize
 
@@ -133,6 +134,7 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
     routes = [
         Route("/v1/completions", _guarded(create_completion, serving), methods=["POST"]),
         Route("/v1/chat/completions", _guarded(create_chat_completion, serving), methods=["POST"]),
+        Route("/v1/responses", _guarded(ResponsesRoute().create, serving), methods=["POST"]),
         Route("/v1/embeddings", _guarded(create_embedding, serving), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -53,6 +53,11 @@ class OpenAIEvents:
         return [sse_event(error.body()), DONE_EVENT]
 
 
+def named_event(name: str, payload: object) -> bytes:
+    """An SSE event with an `event:` line (the Responses and Anthropic streams name every event)."""
+    return f"event: {name}\n".encode() + sse_event(payload)
+
+
 async def stream_events(stream: ChunkStream, events: EventFormat) -> AsyncIterator[bytes]:
     """The SSE bytes of `stream` framed by `events`. Headers are sent already when a failure comes, so it
     can only travel as events (as vLLM does): client errors are logged as a warning, faults with their

@@ -44,7 +44,7 @@ T = TypeVar("T")
 MIN_LOGPROB = -9999.0
 
 # Status of the response nobody reads once a non-streaming client has gone (nginx's convention).
-_CLIENT_CLOSED_REQUEST = 499
+CLIENT_CLOSED_REQUEST = 499
 
 
 class ResponseFormat(Protocol):
@@ -219,7 +219,7 @@ class Serving:
         chunks closed by `data: [DONE]`."""
         generated = await self.generate(request, fmt, body, prompts, drop_output)
         if generated is None:
-            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         if isinstance(generated, ChunkStream):
             return EventStreamResponse(stream_events(generated, OpenAIEvents()), close=generated.close)
         return json_response(generated)
