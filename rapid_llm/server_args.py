@@ -118,6 +118,9 @@ class ServerArgs:
                                          "qwen3_coder, deepseek_v3, deepseek_v31 or pythonic. See docs/tool_calling.md."})
     enable_auto_tool_choice: bool = field(default=False, metadata={"help": "Allow tool_choice auto (the "
                                           "default when a request has tools); needs --tool-call-parser."})
+    reasoning_parser: str | None = field(default=None, metadata={"help": "How a reasoning model's think block "
+                                         "is read from its text into reasoning_content on /v1/chat/completions: "
+                                         "qwen3 or deepseek_r1. See docs/reasoning.md."})
     shutdown_timeout: float = field(default=10.0, metadata={"help": "Seconds requests in flight may run on after "
                                     "SIGTERM; then each still open ends with an error."})
     max_request_body_size: str = field(default="8MiB", metadata={"help": "Largest request body accepted; larger "
@@ -199,6 +202,10 @@ class ServerArgs:
             parser_class(self.tool_call_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (how to read the calls)")
+        if self.reasoning_parser is not None:
+            from rapid_llm.frontend.reasoning_parsers import REASONING_PARSERS
+
+            REASONING_PARSERS.check(self.reasoning_parser)
 
     def frontend_options(self, sampling_defaults: dict[str, Any]):
         """The HTTP server's settings (chat template read from its file); errors name the flag."""
@@ -212,6 +219,7 @@ class ServerArgs:
             trust_request_chat_template=self.trust_request_chat_template,
             tool_call_parser=self.tool_call_parser,
             enable_auto_tool_choice=self.enable_auto_tool_choice,
+            reasoning_parser=self.reasoning_parser,
             sampling_defaults=sampling_defaults,
         )
 

@@ -20,5 +20,6 @@ class FrontendOptions:
     trust_request_chat_template: bool = False  # honour templates sent with a request
     tool_call_parser: str | None = None  # the family parser of tool_choice "auto" (--tool-call-parser)
     enable_auto_tool_choice: bool = False  # allow tool_choice "auto" (--enable-auto-tool-choice)
+    reasoning_parser: str | None = None  # splits think blocks into reasoning_content (--reasoning-parser)
     # SamplingParams defaults for fields a request leaves unset (--generation-config)
     sampling_defaults: dict[str, Any] = field(default_factory=dict)

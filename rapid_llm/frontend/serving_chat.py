@@ -7,7 +7,8 @@ on (see tool_choice.py), each choice's text goes through its tool parser: a whol
 `message.tool_calls`, a stream `delta.tool_calls`, and a choice that called tools finishes with
 "tool_calls" where it would have finished with "stop". vLLM's `return_token_ids` adds the response's
 `prompt_token_ids` (in a stream: on each choice's opening chunk) and each choice's `token_ids` (in a stream:
-the chunk's).
+the chunk's). With `--reasoning-parser` the think block is split off first (`message.reasoning_content`,
+`delta.reasoning_content`); only the rest is content, and only content goes through the tool parser.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from starlette.responses import Response
 
 from rapid_llm.frontend.chat_messages import message_dicts, num_chars
 from rapid_llm.frontend.protocol import ChatCompletionRequest
+from rapid_llm.frontend.reasoning_parsers import REASONING_PARSERS
+from rapid_llm.frontend.reasoning_parsers.base import ReasoningParser
+from rapid_llm.frontend.reasoning_parsers.stream import ReasoningStream
 from rapid_llm.frontend.serving_common import Serving, TokenStrings, clamp_logprob
 from rapid_llm.frontend.tool_choice import plan_tools
 from rapid_llm.frontend.tool_parsers import ToolParser
@@ -39,9 +43,10 @@ class ChatFormat:
 
     def __init__(self, token_strings: TokenStrings, logprobs: bool,
                  make_tool_parser: Callable[[], ToolParser] | None = None, parallel_tool_calls: bool = True,
-                 prompt_token_ids: list[int] | None = None) -> None:
+                 prompt_token_ids: list[int] | None = None, reasoning_parser: ReasoningParser | None = None) -> None:
         """`make_tool_parser`: a fresh parser per choice when tool calls are parsed, else None;
-        `prompt_token_ids`: the prompt's ids when the request asked for token ids (return_token_ids), else None."""
+        `prompt_token_ids`: the prompt's ids when the request asked for token ids (return_token_ids), else None;
+        `reasoning_parser`: splits the think block off each choice's text (--reasoning-parser), else None."""
         self.token_strings = token_strings
         self.logprobs = logprobs
         self.make_tool_parser = make_tool_parser
@@ -50,17 +55,25 @@ class ChatFormat:
         self.response_fields: dict[str, Any] = {}
         if prompt_token_ids is not None:
             self.response_fields["prompt_token_ids"] = prompt_token_ids
+        self.reasoning_parser = reasoning_parser
         self._streams: dict[int, ToolCallStreamer] = {}
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": output.text}
+        content = output.text
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning_parser is not None:
+            reasoning, content = self.reasoning_parser.split(output.text)
+            # As vLLM: a reply that thought but answered nothing has null content.
+            message = {"role": "assistant", "content": content if reasoning is None else content or None,
+                       "reasoning_content": reasoning}
         finish_reason = output.finish_reason
         if self.make_tool_parser is not None:
             parser = self.make_tool_parser()
-            result = limit_calls(parser.parse(output.text, final=True), self.parallel_tool_calls)
+            result = limit_calls(parser.parse(content, final=True), self.parallel_tool_calls)
             if result.calls:
-                message = {"role": "assistant", "content": result.content or None,
-                           "tool_calls": [tool_call_dict(parser.make_call_id(), call) for call in result.calls]}
+                message["content"] = result.content or None
+                message["tool_calls"] = [tool_call_dict(parser.make_call_id(), call) for call in result.calls]
                 finish_reason = _tool_finish_reason(finish_reason)
         return self._with_token_ids({
             "index": index,
@@ -71,25 +84,35 @@ class ChatFormat:
         }, output)
 
     def chunk_choice(self, index: int, output: ChoiceOutput) -> dict[str, Any] | None:
-        text = output.text
-        # The closing chunk of a choice whose last step produced no text carries an empty delta.
-        delta: dict[str, Any] = {"content": text} if text else {}
+        content = output.text
         finish_reason = output.finish_reason
+        final = finish_reason is not None
+        # The closing chunk of a choice whose last step produced no text carries an empty delta.
+        delta: dict[str, Any] = {}
+        if self.reasoning_parser is not None:
+            reasoning_stream = self._reasoning_streams.get(index)
+            if reasoning_stream is None:
+                reasoning_stream = self._reasoning_streams[index] = self.reasoning_parser.stream()
+            reasoning, content = reasoning_stream.feed(content, final)
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+        tool_calls: list[dict[str, Any]] = []
         if self.make_tool_parser is not None:
             stream = self._streams.get(index)
             if stream is None:
                 stream = self._streams[index] = ToolCallStreamer(self.make_tool_parser(), self.parallel_tool_calls)
-            content, tool_calls = stream.feed(text, final=finish_reason is not None)
-            delta = {"content": content} if content else {}
-            if tool_calls:
-                delta["tool_calls"] = tool_calls
+            content, tool_calls = stream.feed(content, final)
             if stream.called_tools:
                 finish_reason = _tool_finish_reason(finish_reason)
+        if content:
+            delta["content"] = content
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         logprobs = self._logprobs(output)
-        # Tokens whose text a tool parser holds back still go out when their logprobs or ids were asked for.
+        # Tokens whose text a parser holds back still go out when their logprobs or ids were asked for.
         reports_tokens = bool(output.token_ids) and (logprobs is not None or self.return_token_ids)
         if not delta and finish_reason is None and not reports_tokens:
-            return None  # text a tool parser holds back until it knows what it is
+            return None  # text a reasoning or tool parser holds back until it knows what it is
         return self._with_token_ids({
             "index": index,
             "delta": delta,
@@ -136,6 +159,14 @@ async def chat_prompt_text(serving: Serving, body: ChatCompletionRequest) -> str
                                    body.template_kwargs, body.request_chat_template, body.tool_dicts)
 
 
+def _reasoning_parser(serving: Serving, params: SamplingParams) -> ReasoningParser | None:
+    """The --reasoning-parser family for a request with `params`, or None when the server has none."""
+    name = serving.options.reasoning_parser
+    if name is None:
+        return None
+    return REASONING_PARSERS.get(name)(constrained=params.structured_outputs is not None)
+
+
 async def prepare_chat(serving: Serving, body: ChatCompletionRequest) -> tuple[ChatFormat, list[int], SamplingParams]:
     """The chat format, prompt ids and sampling parameters of `body`: the chat route's work before
     generation, shared with the routes that translate their own request shapes into a chat request."""
@@ -145,7 +176,7 @@ async def prepare_chat(serving: Serving, body: ChatCompletionRequest) -> tuple[C
                                             "messages")
     params = plan.apply(body.sampling_params(max_tokens, serving.options.sampling_defaults))
     fmt = ChatFormat(serving.token_strings, bool(body.logprobs), plan.make_parser, body.parallel_tool_calls,
-                     prompt_ids if body.return_token_ids else None)
+                     prompt_ids if body.return_token_ids else None, _reasoning_parser(serving, params))
     return fmt, prompt_ids, params
 
 
