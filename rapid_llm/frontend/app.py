@@ -1,10 +1,11 @@
-"""The Starlette app: OpenAI routes plus /health, /version, /metrics, /server_info, /flush_cache,
-/tokenize and /detokenize.
+"""The Starlette app: OpenAI routes (and Anthropic's /v1/messages) plus /health, /version, /metrics,
+/server_info, /flush_cache, /tokenize and /detokenize.
 
-Key design choice: every failure leaves as an OpenAI error body -- client mistakes are logged as one
-INFO line (no traceback), server faults with their traceback in the log and only a request id in the
-body -- and the API key, when set, guards /v1/*, the state-changing /flush_cache, /server_info
-(it shows paths) and the tokenizer routes, so that probes and Prometheus scrapes need no secret.
+Key design choice: every failure leaves as an error body of the route's API (OpenAI's, Anthropic's on
+/v1/messages) -- client mistakes are logged as one INFO line (no traceback), server faults with their
+traceback in the log and only a request id in the body -- and the API key, when set (as a Bearer token
+or x-api-key), guards /v1/*, the state-changing /flush_cache, /server_info (it shows paths) and the
+tokenizer routes, so that probes and Prometheus scrapes need no secret.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rapid_llm
 from rapid_llm.frontend.engine_client import EngineClient
 from rapid_llm.frontend.errors import OpenAIError, bad_request, internal_error
+from rapid_llm.frontend.messages_protocol import anthropic_error_response
 from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from rapid_llm.frontend.serving_chat import create_chat_completion
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
 from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
+from rapid_llm.frontend.serving_messages import create_message
 from rapid_llm.frontend.serving_responses import ResponsesRoute
 from rapid_llm.frontend.serving_embeddings import create_embedding
 from rapid_llm.frontend.serving_tokenize import detokenize, tokenize
@@ -43,23 +46,28 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 _GUARDED_PATHS = ("/v1", "/flush_cache", "/server_info", "/tokenize", "/detokenize")
 
 
-def _client_error(request: Request, error: OpenAIError) -> Response:
+ErrorRenderer = Callable[[OpenAIError], Response]
+
+
+def _client_error(request: Request, error: OpenAIError, render: ErrorRenderer = OpenAIError.to_response) -> Response:
     logger.info("%s %s -> %d: %s", request.method, request.url.path, error.status, error.message)
-    return error.to_response()
+    return render(error)
 
 
-def _guarded(handler: Callable[[Serving, Request], Awaitable[Response]], serving: Serving) -> Endpoint:
-    """The route, answering OpenAIError and unexpected exceptions with OpenAI error bodies."""
+def _guarded(handler: Callable[[Serving, Request], Awaitable[Response]], serving: Serving,
+             render: ErrorRenderer = OpenAIError.to_response) -> Endpoint:
+    """The route, answering OpenAIError and unexpected exceptions with error bodies `render` shapes
+    (OpenAI's unless the route speaks another API)."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(serving, request)
         except OpenAIError as error:
-            return _client_error(request, error)
+            return _client_error(request, error, render)
         except Exception:
             error_id = uuid.uuid4().hex
             logger.exception("%s %s failed (request id %s)", request.method, request.url.path, error_id)
-            return internal_error(error_id).to_response()
+            return render(internal_error(error_id))
 
     return endpoint
 
@@ -70,20 +78,28 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 class _ApiKeyMiddleware:
-    """Rejects guarded requests without `Authorization: Bearer <api_key>` (scheme in any case) with a 401."""
+    """Rejects guarded requests with a 401 unless they carry the key as `Authorization: Bearer <api_key>`
+    (scheme in any case) or as `x-api-key: <api_key>` (how Anthropic clients send it); /v1/messages
+    answers in Anthropic's error shape."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = api_key.encode()
 
+    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        authorization = next((value for name, value in headers if name == b"authorization"), b"")
+        scheme, _, token = authorization.strip().partition(b" ")
+        x_api_key = next((value for name, value in headers if name == b"x-api-key"), None)
+        bearer_ok = scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.expected)
+        return bearer_ok or (x_api_key is not None and secrets.compare_digest(x_api_key.strip(), self.expected))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(_GUARDED_PATHS) and scope["method"] != "OPTIONS":
-            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            scheme, _, token = given.strip().partition(b" ")
-            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.expected):
+            if not self._authorized(scope["headers"]):
                 error = OpenAIError(401, "Invalid or missing API key.", code="invalid_api_key")
                 logger.info("%s %s -> 401: %s", scope["method"], scope["path"], error.message)
-                await error.to_response()(scope, receive, send)
+                render = anthropic_error_response if scope["path"] == "/v1/messages" else OpenAIError.to_response
+                await render(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -135,6 +151,7 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
         Route("/v1/completions", _guarded(create_completion, serving), methods=["POST"]),
         Route("/v1/chat/completions", _guarded(create_chat_completion, serving), methods=["POST"]),
         Route("/v1/responses", _guarded(ResponsesRoute().create, serving), methods=["POST"]),
+        Route("/v1/messages", _guarded(create_message, serving, anthropic_error_response), methods=["POST"]),
         Route("/v1/embeddings", _guarded(create_embedding, serving), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -78,3 +78,91 @@ async def stream_events(stream: ChunkStream, events: EventFormat) -> AsyncIterat
         return
     for event in events.fail(failure):
         yield event
+
+
+class ItemEvents:
+    """The base of the `EventFormat`s whose output is a list of items (Responses' output items, Anthropic's
+    content blocks): a chat chunk stream's reasoning (`reasoning_content`), text and each tool call become
+    items in that order, each opened at its first delta and closed before the next opens. Subclasses build
+    the items and frame the events; `finish` and `fail` are theirs."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.open: str | int | None = None  # "reasoning", "text", or the chat index of the open tool call
+        self.call_positions: dict[int, int] = {}  # chat tool-call index -> item position
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None  # the stop string or token id that ended the text
+        self.started = False
+
+    def events(self, chunk: dict[str, Any]) -> list[bytes]:
+        out = self.start()
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                out += self.text("reasoning", delta["reasoning_content"])
+            if delta.get("content"):
+                out += self.text("text", delta["content"])
+            for entry in delta.get("tool_calls") or []:
+                out += self._call(entry)
+            if choice["finish_reason"] is not None:
+                self.finish_reason, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+        return out
+
+    def start(self) -> list[bytes]:
+        """The opening events, once."""
+        if self.started:
+            return []
+        self.started = True
+        return self.opening_events()
+
+    def _open(self, item: dict[str, Any], key: str | int) -> list[bytes]:
+        out = self.close_open()
+        self.open = key
+        self.items.append(item)
+        return out + self.item_opened(len(self.items) - 1)
+
+    def text(self, kind: str, text: str) -> list[bytes]:
+        """Text of `kind` ("reasoning" or "text"), in the open item of that kind or a new one."""
+        out = [] if self.open == kind else self._open(self.text_item(kind), kind)
+        return out + self.text_delta(len(self.items) - 1, kind, text) if text else out
+
+    def _call(self, entry: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        function = entry.get("function") or {}
+        if "id" in entry:  # a call's opening entry (see tool_parsers/stream.py)
+            out += self._open(self.call_item(entry["id"], function["name"]), entry["index"])
+            self.call_positions[entry["index"]] = len(self.items) - 1
+        if function.get("arguments"):
+            out += self.arguments_delta(self.call_positions[entry["index"]], function["arguments"])
+        return out
+
+    def close_open(self) -> list[bytes]:
+        """The closing events of the open item, if any."""
+        if self.open is None:
+            return []
+        self.open = None
+        return self.item_closed(len(self.items) - 1)
+
+    def opening_events(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def text_item(self, kind: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def call_item(self, call_id: str, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def item_opened(self, position: int) -> list[bytes]:
+        raise NotImplementedError
+
+    def text_delta(self, position: int, kind: str, text: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def arguments_delta(self, position: int, arguments: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def item_closed(self, position: int) -> list[bytes]:
+        raise NotImplementedError

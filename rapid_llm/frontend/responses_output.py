@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from rapid_llm.frontend.chunk_stream import named_event
+from rapid_llm.frontend.chunk_stream import ItemEvents, named_event
 from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.frontend.responses_protocol import ResponsesRequest
 
@@ -117,119 +117,81 @@ def _tool_choice(body: ResponsesRequest) -> Any:
     return body.tool_choice if isinstance(body.tool_choice, str) else _struct_dict(body.tool_choice)
 
 
-class ResponsesEvents:
+class ResponsesEvents(ItemEvents):
     """A chat chunk stream as Responses events (an `EventFormat`); `on_done` gets the final response."""
 
     def __init__(self, shape: ResponseShape, on_done: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
         self.shape = shape
         self.on_done = on_done
         self.sequence_number = 0
-        self.items: list[dict[str, Any]] = []
-        self.open: str | int | None = None  # "reasoning", "message", or the chat index of an open tool call
-        self.call_items: dict[int, int] = {}  # chat tool-call index -> output index
-        self.usage: dict[str, Any] | None = None
-        self.finish_reason: str | None = None
+        self.closing_status = "completed"  # of an item closed because the next one opens
 
     def _event(self, name: str, **fields: Any) -> bytes:
         payload = {"type": name, **fields, "sequence_number": self.sequence_number}
         self.sequence_number += 1
         return named_event(name, payload)
 
-    def _start(self) -> list[bytes]:
-        if self.sequence_number:
-            return []
+    def opening_events(self) -> list[bytes]:
         response = self.shape.response("in_progress", [])
         return [self._event("response.created", response=response),
                 self._event("response.in_progress", response=response)]
 
-    def events(self, chunk: dict[str, Any]) -> list[bytes]:
-        out = self._start()
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            if delta.get("reasoning_content"):
-                out += self._text("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                out += self._text("message", delta["content"])
-            for call in delta.get("tool_calls") or []:
-                out += self._call(call)
-            self.finish_reason = choice["finish_reason"] or self.finish_reason
+    def text_item(self, kind: str) -> dict[str, Any]:
+        return _text_item("reasoning" if kind == "reasoning" else "message", "", "in_progress")
+
+    def call_item(self, call_id: str, name: str) -> dict[str, Any]:
+        return _call_item(call_id, name, "", "in_progress")
+
+    def _where(self, position: int) -> dict[str, Any]:
+        return {"item_id": self.items[position]["id"], "output_index": position}
+
+    def item_opened(self, position: int) -> list[bytes]:
+        item = self.items[position]
+        out = [self._event("response.output_item.added", output_index=position, item=item)]
+        if item["type"] != "function_call":
+            out.append(self._event("response.content_part.added", **self._where(position), content_index=0,
+                                   part=_text_part(item["type"], "")))
         return out
 
-    def _open_item(self, item: dict[str, Any], key: str | int) -> list[bytes]:
-        out = self._close("completed")
-        self.open = key
-        self.items.append(item)
-        out.append(self._event("response.output_item.added", output_index=len(self.items) - 1, item=item))
-        return out
-
-    def _text(self, kind: str, text: str) -> list[bytes]:
-        out: list[bytes] = []
-        if self.open != kind:
-            item = _text_item(kind, "", "in_progress")
-            out += self._open_item(item, kind)
-            out.append(self._event("response.content_part.added", **self._where(), part=_text_part(kind, "")))
-        if not text:
-            return out
-        self.items[-1]["content"][0]["text"] += text
+    def text_delta(self, position: int, kind: str, text: str) -> list[bytes]:
+        self.items[position]["content"][0]["text"] += text
         if kind == "reasoning":
-            out.append(self._event("response.reasoning_text.delta", **self._where(), delta=text))
-        else:
-            out.append(self._event("response.output_text.delta", **self._where(), delta=text, logprobs=[]))
-        return out
+            return [self._event("response.reasoning_text.delta", **self._where(position), content_index=0, delta=text)]
+        return [self._event("response.output_text.delta", **self._where(position), content_index=0, delta=text,
+                            logprobs=[])]
 
-    def _call(self, entry: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        function = entry.get("function") or {}
-        if "id" in entry:  # a call's opening entry
-            item = _call_item(entry["id"], function["name"], "", "in_progress")
-            out += self._open_item(item, entry["index"])
-            self.call_items[entry["index"]] = len(self.items) - 1
-        arguments = function.get("arguments") or ""
-        if arguments:
-            output_index = self.call_items[entry["index"]]
-            self.items[output_index]["arguments"] += arguments
-            out.append(self._event("response.function_call_arguments.delta", item_id=self.items[output_index]["id"],
-                                   output_index=output_index, delta=arguments))
-        return out
+    def arguments_delta(self, position: int, arguments: str) -> list[bytes]:
+        self.items[position]["arguments"] += arguments
+        return [self._event("response.function_call_arguments.delta", **self._where(position), delta=arguments)]
 
-    def _where(self) -> dict[str, Any]:
-        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
-
-    def _close(self, status: str) -> list[bytes]:
-        """The done events of the open item, if any."""
-        if self.open is None:
-            return []
-        item = self.items[-1]
-        item["status"] = status
-        out = []
+    def item_closed(self, position: int) -> list[bytes]:
+        item = self.items[position]
+        item["status"] = self.closing_status
+        where = self._where(position)
         if item["type"] == "function_call":
-            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                   output_index=len(self.items) - 1, arguments=item["arguments"]))
+            out = [self._event("response.function_call_arguments.done", **where, arguments=item["arguments"])]
         else:
             part = item["content"][0]
-            name = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
-            extra = {} if item["type"] == "reasoning" else {"logprobs": []}
-            out.append(self._event(name, **self._where(), text=part["text"], **extra))
-            out.append(self._event("response.content_part.done", **self._where(), part=part))
-        out.append(self._event("response.output_item.done", output_index=len(self.items) - 1, item=item))
-        self.open = None
-        return out
+            reasoning = item["type"] == "reasoning"
+            name = "response.reasoning_text.done" if reasoning else "response.output_text.done"
+            extra = {} if reasoning else {"logprobs": []}
+            out = [self._event(name, **where, content_index=0, text=part["text"], **extra),
+                   self._event("response.content_part.done", **where, content_index=0, part=part)]
+        return out + [self._event("response.output_item.done", output_index=position, item=item)]
 
     def finish(self) -> list[bytes]:
-        out = self._start()
+        out = self.start()
         if not self.items:  # nothing was generated: an empty message, as a whole response has
-            out += self._text("message", "")
-        out += self._close(item_status(self.finish_reason))
-        status = item_status(self.finish_reason)
+            out += self.text("text", "")
+        status = self.closing_status = item_status(self.finish_reason)
+        out += self.close_open()
         response = self.shape.response(status, self.items, self.usage, self.finish_reason)
         self.on_done(response)
-        out.append(self._event(f"response.{status}", response=response))
-        return out
+        return out + [self._event(f"response.{status}", response=response)]
 
     def fail(self, error: OpenAIError) -> list[bytes]:
-        out = self._start() + self._close("incomplete")
+        self.closing_status = "incomplete"
+        out = self.start() + self.close_open()
         response = self.shape.response("failed", self.items, self.usage, error=error)
-        out.append(self._event("response.failed", response=response))
-        return out
+        return out + [self._event("response.failed", response=response)]

@@ -24,7 +24,7 @@ from rapid_llm.frontend.structured_request import JsonSchemaFormat, ResponseForm
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 # Chat request fields whose Responses names differ.
-_RENAMED_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+RENAMED_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
                    "response_format": "text.format", "messages": "input"}
 
 
@@ -151,15 +151,6 @@ class Conversation:
         elif item.type != "reasoning":  # a replayed reasoning item: templates leave past thinking out
             raise bad_request(f"input item type {item.type!r} is not supported; supported: message, function_call, "
                               "function_call_output, reasoning", param=f"{param}.type")
-
-    def error_param(self, param: str | None) -> str | None:
-        """The Responses field behind a chat request's error `param`."""
-        if param is None:
-            return None
-        if param.startswith("messages["):
-            index = int(param[len("messages["):param.index("]")])
-            return self.sources[index]
-        return _RENAMED_PARAMS.get(param, param)
 
 
 def _tools(tools: list[FunctionTool] | None) -> list[ChatTool] | None:

@@ -16,12 +16,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rapid_llm.frontend.chat_translation import generate_translated
 from rapid_llm.frontend.chunk_stream import ChunkStream, stream_events
 from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.frontend.protocol import ChatMessage, FunctionCall, ToolCall
 from rapid_llm.frontend.responses_output import ResponseShape, ResponsesEvents
-from rapid_llm.frontend.responses_protocol import Conversation, ResponsesRequest, chat_request
-from rapid_llm.frontend.serving_chat import prepare_chat
+from rapid_llm.frontend.responses_protocol import RENAMED_PARAMS, Conversation, ResponsesRequest, chat_request
 from rapid_llm.frontend.serving_common import CLIENT_CLOSED_REQUEST, Serving, json_response
 from rapid_llm.frontend.sse import EventStreamResponse
 
@@ -70,12 +70,7 @@ class ResponsesRoute:
         body = await serving.parse(request, ResponsesRequest)
         history = [] if body.previous_response_id is None else self.store.get(body.previous_response_id)
         chat, conversation = chat_request(body, history)
-        try:
-            fmt, prompt_ids, params = await prepare_chat(serving, chat)
-            generated = await serving.generate(request, fmt, chat, [(prompt_ids, params)])
-        except OpenAIError as error:
-            error.param = conversation.error_param(error.param)
-            raise
+        generated, _ = await generate_translated(serving, request, chat, conversation.sources, RENAMED_PARAMS)
         if generated is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         shape = ResponseShape(body, serving.engine.model_name)

@@ -79,3 +79,49 @@ def test_responses_errors_are_openai_shaped(client: openai.OpenAI, server: Serve
                                                                                    "image_url": "x"}]}])
     assert bad.value.body["param"] == "input[0].content[0].type"
     assert httpx.post(f"{server.base_url}/v1/responses", json={"input": "x"}).status_code == 401
+
+
+# ---- /v1/messages ------------------------------------------------------------------------------
+
+
+def test_messages_whole_and_streamed_agree(claude: anthropic.Anthropic) -> None:
+    kwargs = dict(model="tiny", max_tokens=12, system="Answer briefly.", extra_body={"temperature": 0},
+                  messages=[{"role": "user", "content": "The server reads a request and"}])
+    message = claude.messages.create(**kwargs)
+    assert message.stop_reason in ("end_turn", "max_tokens") and message.content[0].type == "text"
+    assert 0 < message.usage.output_tokens <= 12
+    with claude.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == message.content[0].text
+    assert (final.stop_reason, final.usage.output_tokens) == (message.stop_reason, message.usage.output_tokens)
+
+
+def test_messages_tool_use_round_trip(claude: anthropic.Anthropic) -> None:
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    message = claude.messages.create(model="tiny", max_tokens=64, messages=question, tools=[MESSAGES_TOOL],
+                                     tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
+    [tool_use] = message.content
+    assert (message.stop_reason, tool_use.type, tool_use.name) == ("tool_use", "tool_use", "get_weather")
+    jsonschema.validate(tool_use.input, CITY_SCHEMA)
+    history = [*question, {"role": "assistant", "content": [tool_use.model_dump(exclude_none=True)]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "18 C"}]}]
+    answer = claude.messages.create(model="tiny", max_tokens=8, messages=history, tools=[MESSAGES_TOOL],
+                                    tool_choice={"type": "none"})
+    assert answer.usage.input_tokens > message.usage.input_tokens + message.usage.output_tokens
+    assert answer.content[0].type == "text"
+
+
+def test_messages_errors_are_anthropic_shaped(claude: anthropic.Anthropic, server: ServerProcess) -> None:
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(model="tiny", max_tokens=8, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}])
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    assert "messages[0].content[0].type" in bad.value.body["error"]["message"]
+    missing = httpx.post(f"{server.base_url}/v1/messages", headers={"x-api-key": API_KEY},
+                         json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]
+    unauthorized = httpx.post(f"{server.base_url}/v1/messages", json={"max_tokens": 8, "messages": []})
+    assert unauthorized.status_code == 401
+    assert unauthorized.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                              "message": "Invalid or missing API key."}}

@@ -227,3 +227,16 @@ async def test_a_failure_mid_stream_is_response_failed(client: httpx.AsyncClient
     assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
     assert "request id" in last["response"]["error"]["message"]
     assert json.loads(frames[-2].split("data: ", 1)[1])["type"] == "response.output_item.done"
+
+
+async def test_reasoning_becomes_a_reasoning_item(engine: ScriptedEngine) -> None:
+    engine.script = "<think>Paris, surely.</think>It is Paris."
+    options = FrontendOptions(chat_template=TOOL_TEMPLATE, reasoning_parser="qwen3")
+    async with http_client(build_app(engine, options)) as http:
+        sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
+        response = await sdk.responses.create(model="tiny", input="Capital?")
+        events = [event async for event in await sdk.responses.create(model="tiny", input="Capital?", stream=True)]
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert (response.output[0].content[0].text, response.output_text) == ("Paris, surely.", "It is Paris.")
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Paris, surely."
+    assert events[-1].response.output[0].content == response.output[0].content
