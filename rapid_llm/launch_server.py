@@ -2,7 +2,8 @@
 
 Everything that can be checked without weights (flags, paths, tokenizer files, architecture, the
 listening port) is checked first, failing with one line. Then the engine children start, so their
-imports and weight loading overlap with the tokenizer load here. The frontend runs in this process
+imports and weight loading overlap with the tokenizer load here; meanwhile the listening socket answers
+503 "starting" (`entrypoints/starting_responder.py`). The frontend runs in this process
 on uvicorn (uvloop where available), talking to one engine or, with --data-parallel-size, routing over
 its replicas (`entrypoints/frontend_client.py`). A child that dies later stops the server with a log line
 and a non-zero exit; SIGINT/SIGTERM stop every child and remove the socket files. With --node-rank > 0 this
@@ -106,6 +107,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     from rapid_llm.entrypoints.engine_processes import EngineProcesses, EngineStartupError
     from rapid_llm.entrypoints.frontend_client import frontend_client
     from rapid_llm.entrypoints.headless import serve_headless
+    from rapid_llm.entrypoints.starting_responder import StartingResponder
     from rapid_llm.frontend.app import build_app
     from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
@@ -126,8 +128,10 @@ def _serve(args: ServerArgs, started: float) -> int:
     if config.parallel.node_rank > 0:
         return serve_headless(engine)
     try:
-        tokenizer = engine.start_while(
-            lambda: load_tokenizer(config.tokenizer, args.trust_remote_code))
+        # Until the engine is ready, /health answers 503 "starting" (a first start may compile the C++ ops).
+        with StartingResponder(listening_socket):
+            tokenizer = engine.start_while(
+                lambda: load_tokenizer(config.tokenizer, args.trust_remote_code))
     except (EngineStartupError, OSError, ValueError, RuntimeError) as error:
         logger.error("start-up failed: %s", error)
         return 1

@@ -3,9 +3,10 @@
 A `JitExtension` names its sources (in `csrc/`, shipped as package data) and flags. The build directory
 is `$RAPID_LLM_EXTENSION_CACHE` (default `~/.cache/rapid_llm/torch_extensions`) / `<name>-<key>`, where
 the key hashes the sources and headers, flags, compiler, torch and Python versions and the CPU's feature
-flags (`-march=native` code must not be reused on another CPU). The first start compiles (and logs how
-long it took); later starts import the built library directly, without asking ninja (which would rebuild
-after a checkout touched the sources' file times). `skip_reason()` is what the op registry's `available`
+flags (`-march=native` code must not be reused on another CPU). `python -m rapid_llm.build_ops` builds at
+install time; otherwise the first start compiles (logging progress, the expected and the taken time). Later
+starts import the built library directly, without asking ninja (which would rebuild after a checkout
+touched the sources' file times). `skip_reason()` is what the op registry's `available`
 condition calls when dispatch first considers an implementation: it builds or loads (once per process,
 `functools.cache`) and turns a missing compiler or a failed build into a skip reason, never an error.
 Usage:
@@ -18,11 +19,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import platform
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,8 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 # holds its feature flags); OpenMP for the parallel loops (torch's own libgomp.so.1 is the one loaded).
 CPU_CFLAGS = ("-O3", "-march=native", "-fopenmp")
 CPU_LDFLAGS = ("-fopenmp",)
+PROGRESS_INTERVAL_S = 15.0
+BUILD_TIMES_FILE = "build_seconds.json"  # in cache_root(): each extension's last build time, for the next estimate
 
 
 def cache_root() -> Path:
@@ -129,19 +134,65 @@ def _load(extension: JitExtension) -> Any:
                     time.perf_counter() - start)
         return module
     directory.mkdir(parents=True, exist_ok=True)
-    logger.info("compiling C++ op extension %s into %s (first start only)", extension.name, directory)
-    module = cpp_extension.load(
-        name=extension.name,
-        sources=[str(SOURCE_DIR / source) for source in extension.sources],
-        extra_cflags=list(extension.cflags),
-        extra_ldflags=list(extension.ldflags),
-        extra_cuda_cflags=list(extension.cuda_cflags),
-        build_directory=str(directory),
-        with_cuda=extension.is_cuda,
-        verbose=False,
-    )
-    logger.info("compiled C++ op extension %s in %.1f s", extension.name, time.perf_counter() - start)
+    expected = _last_build_seconds(extension.name)
+    logger.info("compiling C++ op extension %s into %s, once per environment (%s; `python -m rapid_llm.build_ops` "
+                "does it at install time)", extension.name, directory,
+                f"the last build here took {expected:.0f} s" if expected else "about 2-4 minutes on 2 cores")
+    with _ProgressTicker(extension.name, start):
+        module = cpp_extension.load(
+            name=extension.name,
+            sources=[str(SOURCE_DIR / source) for source in extension.sources],
+            extra_cflags=list(extension.cflags),
+            extra_ldflags=list(extension.ldflags),
+            extra_cuda_cflags=list(extension.cuda_cflags),
+            build_directory=str(directory),
+            with_cuda=extension.is_cuda,
+            verbose=False,
+        )
+    seconds = time.perf_counter() - start
+    _record_build_seconds(extension.name, seconds)
+    logger.info("compiled C++ op extension %s in %.1f s", extension.name, seconds)
     return module
+
+
+class _ProgressTicker:
+    """Logs every PROGRESS_INTERVAL_S that a build is still running, so a long first start is not silent."""
+
+    def __init__(self, name: str, start: float) -> None:
+        self.name, self.start = name, start
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name=f"build-{name}", daemon=True)
+
+    def __enter__(self) -> "_ProgressTicker":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _tick(self) -> None:
+        while not self._done.wait(PROGRESS_INTERVAL_S):
+            logger.info("still compiling C++ op extension %s: %.0f s so far", self.name,
+                        time.perf_counter() - self.start)
+
+
+def _last_build_seconds(name: str) -> float | None:
+    """How long this extension's previous build took on this machine (any source version), if one was recorded."""
+    try:
+        return float(json.loads((cache_root() / BUILD_TIMES_FILE).read_text())[name])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_build_seconds(name: str, seconds: float) -> None:
+    path = cache_root() / BUILD_TIMES_FILE
+    try:
+        times = json.loads(path.read_text()) if path.is_file() else {}
+        times[name] = round(seconds, 1)
+        path.write_text(json.dumps(times))
+    except (OSError, ValueError) as error:  # only the next estimate is lost
+        logger.debug("could not record the build time in %s: %s", path, error)
 
 
 @functools.cache
