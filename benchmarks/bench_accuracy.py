@@ -2,7 +2,7 @@
 
     python benchmarks/bench_accuracy.py --backend transformers --model DIR --dtype float32 --output ref.json
     python benchmarks/bench_accuracy.py --backend server --base-url http://127.0.0.1:30000 --reference ref.json
-    python benchmarks/bench_accuracy.py --export-jsonl docs.jsonl   # the same documents, for lm-eval
+    python benchmarks/bench_accuracy.py --export-jsonl docs.jsonl   # the same documents, as lm-eval's task has them
 
 Key design choice: both backends get token ids built here (benchmarks/common/accuracy.py: BOS + text,
 windows of --window scored tokens as lm-eval's rolling loglikelihood makes them), so a server and
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     all_tokens = [tokenize(text) for _, text in documents]
     chosen = select_documents([len(t) for t in all_tokens], args.limit, args.max_tokens_total)
     if args.export_jsonl is not None:
+        args.export_jsonl.parent.mkdir(parents=True, exist_ok=True)
         args.export_jsonl.write_text("".join(json.dumps({"path": documents[i][0], "text": documents[i][1]}) + "\n"
                                              for i in chosen), encoding="utf-8")
         print(f"Wrote {len(chosen)} documents ({sum(len(all_tokens[i]) for i in chosen)} tokens) to {args.export_jsonl}")

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -21,9 +22,9 @@ from benchmarks.common.accuracy import (
     select_documents,
     windows,
 )
+from rapid_llm.lm_eval_tasks import TASKS_DIR
 from tools.demo_model.data import join_files
 
-REPO = Path(__file__).resolve().parents[2]
 CODE = "import os\n\n\ndef area(width, height):\n    result = width * height\n    return result\n"
 DOCS = {"a.py": CODE, "b.py": "x = 1\n\n\ndef double(value):\n    doubled = value * 2\n    return doubled\n"}
 
@@ -130,14 +131,20 @@ def test_transformers_backend_matches_the_models_own_loss(tiny_checkpoint, tmp_p
 def test_export_jsonl_writes_the_selected_documents(tmp_path: Path) -> None:
     data = tmp_path / "held_out.txt"
     data.write_text(join_files(DOCS), encoding="utf-8")
-    bench_accuracy.main(["--data", str(data), "--limit", "1", "--export-jsonl", str(tmp_path / "docs.jsonl")])
-    assert [json.loads(line) for line in (tmp_path / "docs.jsonl").read_text().splitlines()] == [
-        {"path": "a.py", "text": CODE}]
+    output = tmp_path / "missing" / "docs.jsonl"
+    bench_accuracy.main(["--data", str(data), "--limit", "1", "--export-jsonl", str(output)])
+    assert [json.loads(line) for line in output.read_text().splitlines()] == [{"path": "a.py", "text": CODE}]
+
+
+def test_the_packaged_lm_eval_documents_are_the_held_out_split(tmp_path: Path) -> None:
+    """rapid_llm/lm_eval_tasks ships bench_accuracy's export of the held-out text; regenerate it when they differ."""
+    bench_accuracy.main(["--export-jsonl", str(tmp_path / "docs.jsonl")])
+    assert (tmp_path / "docs.jsonl").read_bytes() == (TASKS_DIR / "demo_held_out.jsonl").read_bytes()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")
 def test_lm_eval_accepts_the_task() -> None:
-    output = subprocess.run(["lm-eval", "validate", "--tasks", "demo_held_out", "--include_path",
-                             str(REPO / "benchmarks" / "lm_eval_tasks")],
+    lm_eval = str(Path(sys.executable).parent / "lm-eval")
+    output = subprocess.run([lm_eval, "validate", "--tasks", "demo_held_out", "--include_path", str(TASKS_DIR)],
                             capture_output=True, text=True, timeout=300, check=True).stdout
     assert "All tasks found and valid" in output

@@ -31,8 +31,10 @@ ALLOWED_GROUPS = {
 }
 LOCAL_PACKAGES = set(ALLOWED_GROUPS)
 # Files executed by another project's interpreter, or importing another project's tree that they put on
-# sys.path at run time (convert_to_gguf.py: llama.cpp's converter).
-RUN_ELSEWHERE = {"tests/benchmarks/vllm_reference.py", "benchmarks/peers/convert_to_gguf.py"}
+# sys.path at run time (convert_to_gguf.py: llama.cpp's converter), or loaded by path by lm-eval, whose
+# `datasets` they use (the [eval] extra's task helpers).
+RUN_ELSEWHERE = {"tests/benchmarks/vllm_reference.py", "benchmarks/peers/convert_to_gguf.py",
+                 "rapid_llm/lm_eval_tasks/demo_held_out.py"}
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 
 
