@@ -6,9 +6,9 @@
 // call either way, and the fp32 sums are rounded to bf16 (plus bias) as each block finishes, so a call is
 // one pass with no fp32 result tensor. Built only where the compiler targets AMX-BF16 and AVX512-BF16
 // (-march=native on such a CPU); elsewhere `amx_linear_supported()` is false and the kernel is skipped.
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "packed_weight.h"
 
@@ -199,7 +199,7 @@ bool amx_linear_supported() {
 #endif
 }
 
-torch::Tensor amx_pack_weight(const torch::Tensor& weight) {
+at::Tensor amx_pack_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "amx_pack_weight: a 2-D bf16 weight");
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(N % 32 == 0 && K % kInputsPerStep == 0, "amx_pack_weight: out and in features must be multiples of 32");
@@ -210,14 +210,14 @@ torch::Tensor amx_pack_weight(const torch::Tensor& weight) {
       .view({N / kOutputsPerBlock, K / 2, 2 * kOutputsPerBlock});
 }
 
-torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   const packed_weight::Call call = packed_weight::check_call("amx_linear", x, packed, bias);
   const int64_t M = call.M, K = call.K, N = call.N;
-  auto out = torch::empty({M, N}, x.options());
+  auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;  // an empty tile configuration would fault
 #ifdef RAPID_LLM_HAS_AMX
   TORCH_CHECK(tile_state_granted(), "amx_linear: the kernel did not grant this process AMX tile state");
-  const torch::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
+  const at::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
   const float* bias_data = bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr;
   const auto* x_data = x.data_ptr<at::BFloat16>();
   const auto* weight = packed.data_ptr<at::BFloat16>();

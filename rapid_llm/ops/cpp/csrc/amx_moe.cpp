@@ -5,7 +5,9 @@
 // (rapid_llm/ops/moe.py `expert_loop`), whose ~10 ATen calls per expert cost more than the expert's GEMMs
 // at decode sizes. Rounding follows it too: the product of a bf16 row and its routing weight (fp32, or bf16
 // widened exactly) is an fp32 product rounded to bf16, and each add into the output rounds, in expert order.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros_like.h>
 
 #include "bf16_bits.h"
 
@@ -15,10 +17,10 @@
 // out + bf16(a * w) must round the product before the add, as the reference's two ATen ops do.
 #pragma GCC optimize("fp-contract=off")
 
-torch::Tensor silu_and_mul(const torch::Tensor& x);
-torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
-torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                            const c10::optional<torch::Tensor>& bias);
+at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const c10::optional<at::Tensor>& bias);
 
 namespace {
 
@@ -48,9 +50,9 @@ void add_weighted_row(const uint16_t* source, float weight, uint16_t* target, in
 
 }  // namespace
 
-torch::Tensor packed_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights,
-                              const torch::Tensor& topk_ids, const torch::Tensor& w13, const torch::Tensor& w2,
-                              bool amx) {
+at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
+                            const at::Tensor& topk_ids, const at::Tensor& w13, const at::Tensor& w2,
+                            bool amx) {
   const auto linear = amx ? amx_linear : avx512_linear;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.device().is_cpu() &&
                   w13.device().is_cpu() && w2.device().is_cpu() && topk_ids.device().is_cpu() &&
@@ -66,14 +68,14 @@ torch::Tensor packed_fused_moe(const torch::Tensor& x, const torch::Tensor& topk
   const auto weights = topk_weights.to(at::kFloat).contiguous();  // bf16 widens exactly
   std::vector<int64_t> order, starts;
   sort_slots(ids.data_ptr<int64_t>(), tokens * top_k, experts, order, starts);
-  auto out = torch::zeros_like(x);
+  auto out = at::zeros_like(x);
   const auto* x_data = x.data_ptr<at::BFloat16>();
   const float* weight_data = weights.data_ptr<float>();
   auto* out_data = out.data_ptr<at::BFloat16>();
   for (int64_t expert = 0; expert < experts; ++expert) {
     const int64_t begin = starts[expert], rows = starts[expert + 1] - begin;
     if (rows == 0) continue;
-    auto gathered = torch::empty({rows, hidden}, x.options());
+    auto gathered = at::empty({rows, hidden}, x.options());
     auto* gathered_data = gathered.data_ptr<at::BFloat16>();
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(gathered_data + row * hidden, x_data + order[begin + row] / top_k * hidden,

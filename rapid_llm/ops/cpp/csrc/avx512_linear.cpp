@@ -8,9 +8,9 @@
 // over every row, and a one-row call (decode) streams every weight exactly once across the threads. Built
 // only where the compiler targets AVX512-BF16 (-march=native on such a CPU); elsewhere
 // `avx512_linear_supported()` is false.
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "packed_weight.h"
 
@@ -109,13 +109,13 @@ bool avx512_linear_supported() {
 #endif
 }
 
-torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                            const c10::optional<torch::Tensor>& bias) {
+at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const c10::optional<at::Tensor>& bias) {
   const packed_weight::Call call = packed_weight::check_call("avx512_linear", x, packed, bias);
-  auto out = torch::empty({call.M, call.N}, x.options());
+  auto out = at::empty({call.M, call.N}, x.options());
   if (call.M == 0) return out;
 #ifdef RAPID_LLM_HAS_AVX512_LINEAR
-  const torch::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
+  const at::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
   linear(x.data_ptr<at::BFloat16>(), call.M, call.K, packed.data_ptr<at::BFloat16>(), call.N,
          bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr, out.data_ptr<at::BFloat16>());
   return out;

@@ -1,39 +1,42 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
 // fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp and
 // token_bitmask.cpp (one module, so one build and one load serve every CPU op).
-#include <torch/extension.h>
+// Only this file includes Python binding headers, and only torch's pybind11 glue (the at::Tensor caster), not
+// <torch/extension.h>: that header pulls in the whole C++ frontend (torch::nn, autograd, optimisers), ~20 s
+// of compile per file. The kernel files include just the ATen headers they use for the same reason.
+#include <torch/csrc/utils/pybind.h>
 
 #include <vector>
 
-void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                     const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+void paged_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                     const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
                      int64_t sliding_window, double k_scale, double v_scale);
 bool paged_attention_bf16_kernel();
-void prefill_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-                       const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                       const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
+                       const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                       const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
                        int64_t sliding_window, double k_scale, double v_scale);
 std::vector<int64_t> prefill_attention_head_dims();
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
-                                              const torch::Tensor& weight, double eps);
-torch::Tensor silu_and_mul(const torch::Tensor& x);
-std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const torch::Tensor& key,
-                                            const torch::Tensor& cos, const torch::Tensor& sin, int64_t head_dim,
-                                            int64_t rotary_dim, bool is_neox_style);
-void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& kv_cache,
-                    const torch::Tensor& slot_mapping);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::vector<at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                           const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+std::vector<at::Tensor> rotary_embedding(const at::Tensor& query, const at::Tensor& key,
+                                         const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                                         int64_t rotary_dim, bool is_neox_style);
+void kv_cache_store(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+                    const at::Tensor& slot_mapping);
 bool amx_linear_supported();
-torch::Tensor amx_pack_weight(const torch::Tensor& weight);
-torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias);
+at::Tensor amx_pack_weight(const at::Tensor& weight);
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 bool avx512_linear_supported();
-torch::Tensor avx512_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                            const c10::optional<torch::Tensor>& bias);
-torch::Tensor packed_fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights,
-                              const torch::Tensor& topk_ids, const torch::Tensor& w13, const torch::Tensor& w2,
-                              bool amx);
-void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask);
+at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const c10::optional<at::Tensor>& bias);
+at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
+                            const at::Tensor& topk_ids, const at::Tensor& w13, const at::Tensor& w2,
+                            bool amx);
+void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");

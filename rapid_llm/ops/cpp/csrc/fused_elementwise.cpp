@@ -6,9 +6,10 @@
 // the reference rounds (each ATen op rounds its result), so outputs equal torch_ref's up to the order of
 // the fp32 sum of squares and e^x's last bit. fp-contract is off in this file (GCC pragma below; the
 // extension is built with the C++ compiler torch's cpp_extension picks, g++ on Linux). Rows run in parallel (at::parallel_for).
-#include <torch/extension.h>
-
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "bf16_bits.h"
 #include "exp_poly.h"
@@ -98,19 +99,19 @@ void normalize_row(float* row, const float* weight, T* out, int64_t hidden, floa
   narrow(row, out, hidden);
 }
 
-void check_rows(const torch::Tensor& x, const char* what) {
+void check_rows(const at::Tensor& x, const char* what) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1, what, ": CPU [rows, width] tensor with ",
               "contiguous rows expected");
 }
 
-void check_weight(const torch::Tensor& weight, const torch::Tensor& x) {
+void check_weight(const at::Tensor& weight, const at::Tensor& x) {
   TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == x.size(1) &&
                   weight.scalar_type() == x.scalar_type(),
               "rms_norm: weight must be a contiguous [width] tensor in the input's dtype");
 }
 
 template <typename T>
-std::vector<float> widened_weight(const torch::Tensor& weight) {
+std::vector<float> widened_weight(const at::Tensor& weight) {
   std::vector<float> values(weight.size(0));
   widen(weight.data_ptr<T>(), values.data(), weight.size(0));
   return values;
@@ -118,10 +119,10 @@ std::vector<float> widened_weight(const torch::Tensor& weight) {
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "rms_norm");
   check_weight(weight, x);
-  auto out = torch::empty(x.sizes(), x.options());
+  auto out = at::empty(x.sizes(), x.options());
   const int64_t rows = x.size(0), hidden = x.size(1), stride = x.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
@@ -138,15 +139,15 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return out;
 }
 
-std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
-                                              const torch::Tensor& weight, double eps) {
+std::vector<at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                           const at::Tensor& weight, double eps) {
   check_rows(x, "fused_add_rms_norm");
   check_rows(residual, "fused_add_rms_norm residual");
   check_weight(weight, x);
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
               "fused_add_rms_norm: residual must match x");
-  auto out = torch::empty(x.sizes(), x.options());
-  auto summed = torch::empty(x.sizes(), x.options());
+  auto out = at::empty(x.sizes(), x.options());
+  auto summed = at::empty(x.sizes(), x.options());
   const int64_t rows = x.size(0), hidden = x.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
     const scalar_t* a = x.data_ptr<scalar_t>();
@@ -169,11 +170,11 @@ std::vector<torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torc
   return {out, summed};
 }
 
-torch::Tensor silu_and_mul(const torch::Tensor& x) {
+at::Tensor silu_and_mul(const at::Tensor& x) {
   check_rows(x, "silu_and_mul");
   TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: the width must be even ([gate | up])");
   const int64_t rows = x.size(0), width = x.size(1) / 2;
-  auto out = torch::empty({rows, width}, x.options());
+  auto out = at::empty({rows, width}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
@@ -199,7 +200,7 @@ namespace {
 // pairs are (i, i + half) in neox style and (2i, 2i + 1) in gpt-j style, a compile-time choice so the
 // neox loop reads and writes contiguous halves.
 template <typename T, bool kNeox>
-void rotate(const torch::Tensor& x, torch::Tensor& out, const T* cos, const T* sin, int64_t table_stride,
+void rotate(const at::Tensor& x, at::Tensor& out, const T* cos, const T* sin, int64_t table_stride,
             int64_t head_dim, int64_t rotary_dim) {
   const int64_t rows = x.size(0), width = x.size(1), heads = width / head_dim, half = rotary_dim / 2;
   const T* src = x.data_ptr<T>();
@@ -227,9 +228,9 @@ void rotate(const torch::Tensor& x, torch::Tensor& out, const T* cos, const T* s
 
 }  // namespace
 
-std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const torch::Tensor& key,
-                                            const torch::Tensor& cos, const torch::Tensor& sin, int64_t head_dim,
-                                            int64_t rotary_dim, bool is_neox_style) {
+std::vector<at::Tensor> rotary_embedding(const at::Tensor& query, const at::Tensor& key,
+                                         const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                                         int64_t rotary_dim, bool is_neox_style) {
   check_rows(query, "rotary_embedding query");
   check_rows(key, "rotary_embedding key");
   TORCH_CHECK(key.size(0) == query.size(0) && key.scalar_type() == query.scalar_type() &&
@@ -240,8 +241,8 @@ std::vector<torch::Tensor> rotary_embedding(const torch::Tensor& query, const to
                   sin.strides() == cos.strides() && cos.size(0) == query.size(0) &&
                   cos.size(2) == rotary_dim / 2 && cos.scalar_type() == query.scalar_type(),
               "rotary_embedding: cos/sin [rows, 1, rotary_dim / 2] in the query's dtype expected");
-  auto rotated_query = torch::empty(query.sizes(), query.options());
-  auto rotated_key = torch::empty(key.sizes(), key.options());
+  auto rotated_query = at::empty(query.sizes(), query.options());
+  auto rotated_key = at::empty(key.sizes(), key.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rotary_embedding", [&] {
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();

@@ -2,14 +2,13 @@
 // over the tokens where the torch reference chains views, two dtype casts and two index_copy_ calls
 // (~15 µs of dispatch per layer at decode sizes). Cache layout [2, blocks, block_size, kv heads, head
 // dim], contiguous, so slot s of plane p is row p * blocks * block_size + s.
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstring>
 
-void kv_cache_store(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& kv_cache,
-                    const torch::Tensor& slot_mapping) {
+void kv_cache_store(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+                    const at::Tensor& slot_mapping) {
   TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.device().is_cpu() &&
                   key.device().is_cpu() && value.device().is_cpu() && slot_mapping.device().is_cpu(),
               "kv_cache_store: the cache must be a contiguous CPU [2, blocks, block_size, heads, dim] tensor");

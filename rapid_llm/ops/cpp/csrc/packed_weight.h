@@ -2,7 +2,7 @@
 // argument checks of a call and the bias widened to fp32 (amx_linear.cpp, avx512_linear.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 namespace packed_weight {
 
@@ -10,7 +10,7 @@ constexpr int64_t kOutputsPerBlock = 16;  // one AVX-512 fp32 vector, one AMX ti
 constexpr int64_t kInputsPerStep = 32;    // one AMX tile's depth (16 input pairs)
 
 // Exactly the shapes amx_pack_weight makes: whole pairs of output blocks, whole 32-input steps.
-inline void check_packed(const char* op, const torch::Tensor& packed) {
+inline void check_packed(const char* op, const at::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kOutputsPerBlock && packed.scalar_type() == at::kBFloat16 &&
                   packed.is_contiguous() && packed.device().is_cpu() && packed.size(0) % 2 == 0 &&
                   packed.size(1) % (kInputsPerStep / 2) == 0,
@@ -21,8 +21,8 @@ struct Call {
   int64_t M, K, N;  // x [M, K], out [M, N]
 };
 
-inline Call check_call(const char* op, const torch::Tensor& x, const torch::Tensor& packed,
-                       const c10::optional<torch::Tensor>& bias) {
+inline Call check_call(const char* op, const at::Tensor& x, const at::Tensor& packed,
+                       const c10::optional<at::Tensor>& bias) {
   check_packed(op, packed);
   const int64_t K = packed.size(1) * 2, N = packed.size(0) * kOutputsPerBlock;
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
@@ -34,7 +34,7 @@ inline Call check_call(const char* op, const torch::Tensor& x, const torch::Tens
 }
 
 // The bias as contiguous fp32, or an undefined tensor when there is none.
-inline torch::Tensor bias_as_fp32(const c10::optional<torch::Tensor>& bias) {
+inline at::Tensor bias_as_fp32(const c10::optional<at::Tensor>& bias) {
   if (!bias.has_value() || !bias->defined()) return {};
   return bias->to(at::kFloat).contiguous();
 }

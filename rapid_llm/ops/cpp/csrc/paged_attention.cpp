@@ -8,8 +8,9 @@
 // The cache is either in the query's dtype or fp8 e4m3 (`--kv-cache-dtype fp8`): each row is then
 // multiplied by its per-tensor dequantization scale (k_scale / v_scale) while it is widened to fp32.
 // bf16 query and cache with head_dim a multiple of 32, on AVX-512 BF16 CPUs: paged_attention_bf16.h.
-#include <torch/extension.h>
-
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "paged_attention.h"
@@ -153,9 +154,9 @@ AttendFn<T, C> attend_for(int64_t head_dim) {
 }
 
 template <typename T, typename C>
-void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-         const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, const torch::Tensor& block_tables,
-         const torch::Tensor& seq_ids, double scale, int64_t sliding_window, float k_scale, float v_scale) {
+void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache,
+         const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+         const at::Tensor& seq_ids, double scale, int64_t sliding_window, float k_scale, float v_scale) {
   const Layout L = paged_kernels::layout_of(query, kv_cache);
   const int64_t D = L.head_dim, G = L.group;
   const int num_threads = at::get_num_threads();
@@ -244,9 +245,9 @@ bool paged_attention_bf16_kernel() {
 // Hkv, D]; query_start_loc [S + 1], seq_lens [S], block_tables [S, W] int64; only the rows of the
 // sequences seq_ids [S'] (int64) are computed; sliding_window 0 = none. kv_cache in the query's dtype
 // (k_scale = v_scale = 1) or float8_e4m3fn, read as cache * k_scale (keys) and cache * v_scale (values).
-void paged_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                     const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+void paged_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                     const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
                      int64_t sliding_window, double k_scale, double v_scale) {
   paged_kernels::check_paged_arguments("paged_attention", output, query, kv_cache, query_start_loc, seq_lens,
                                        block_tables, seq_ids, k_scale, v_scale);

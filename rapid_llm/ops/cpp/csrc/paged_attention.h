@@ -2,7 +2,7 @@
 // that folds one run of scores into an item's running max, sum and accumulator, and the argument checks.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include "exp_poly.h"
 
@@ -26,7 +26,7 @@ struct Layout {
 };
 
 // query [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D], as checked by check_paged_arguments.
-inline Layout layout_of(const torch::Tensor& query, const torch::Tensor& kv_cache) {
+inline Layout layout_of(const at::Tensor& query, const at::Tensor& kv_cache) {
   Layout L;
   L.num_heads = query.size(1);
   L.num_kv_heads = kv_cache.size(3);
@@ -64,10 +64,10 @@ inline void online_softmax_step(float* scores, int64_t count, float& running_max
 }
 
 // The checks paged_attention and prefill_attention share (shapes, layout, metadata); `op` names the caller.
-inline void check_paged_arguments(const char* op, const torch::Tensor& output, const torch::Tensor& query,
-                                  const torch::Tensor& kv_cache, const torch::Tensor& query_start_loc,
-                                  const torch::Tensor& seq_lens, const torch::Tensor& block_tables,
-                                  const torch::Tensor& seq_ids, double k_scale, double v_scale) {
+inline void check_paged_arguments(const char* op, const at::Tensor& output, const at::Tensor& query,
+                                  const at::Tensor& kv_cache, const at::Tensor& query_start_loc,
+                                  const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_ids, double k_scale, double v_scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), op, ": CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               op, ": query [T, Hq, D] and kv_cache [2, blocks, block_size, Hkv, D] expected");
@@ -77,8 +77,8 @@ inline void check_paged_arguments(const char* op, const torch::Tensor& output, c
               op, ": the head dimension must be contiguous");
   TORCH_CHECK(query.size(2) == kv_cache.size(4) && query.size(1) % kv_cache.size(3) == 0,
               op, ": head_dim must match and query heads be a multiple of kv heads");
-  for (const torch::Tensor* index : {&query_start_loc, &seq_lens, &block_tables, &seq_ids})
-    TORCH_CHECK(index->scalar_type() == torch::kInt64 && index->device().is_cpu() &&
+  for (const at::Tensor* index : {&query_start_loc, &seq_lens, &block_tables, &seq_ids})
+    TORCH_CHECK(index->scalar_type() == at::kLong && index->device().is_cpu() &&
                     (index->dim() == 1 ? index->is_contiguous() : index->stride(1) == 1),
                 op, ": metadata must be int64 CPU tensors");
   TORCH_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),

@@ -8,8 +8,9 @@
 // outputs and pair, fp32 accumulation, probabilities rounded to bf16 (as GPU flash attention rounds them to
 // the input dtype). Both phases run on all threads; items most expensive first (the last query tiles see
 // the most keys).
-#include <torch/extension.h>
-
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "paged_attention_bf16.h"
@@ -238,9 +239,9 @@ void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* 
 }
 
 template <typename C, int D>
-void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-         const int64_t* query_start, const int64_t* seq_lens, const torch::Tensor& block_tables,
-         const torch::Tensor& seq_ids, float scale, int64_t window, float k_scale, float v_scale) {
+void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache,
+         const int64_t* query_start, const int64_t* seq_lens, const at::Tensor& block_tables,
+         const at::Tensor& seq_ids, float scale, int64_t window, float k_scale, float v_scale) {
   const Layout L = paged_kernels::layout_of(query, kv_cache);
   const int64_t num_kv_heads = L.num_kv_heads, num_seqs = seq_ids.size(0);
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / L.group);
@@ -296,8 +297,8 @@ void run(torch::Tensor& output, const torch::Tensor& query, const torch::Tensor&
 }
 
 template <typename C>
-using RunFn = void (*)(torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const int64_t*, const int64_t*,
-                       const torch::Tensor&, const torch::Tensor&, float, int64_t, float, float);
+using RunFn = void (*)(at::Tensor&, const at::Tensor&, const at::Tensor&, const int64_t*, const int64_t*,
+                       const at::Tensor&, const at::Tensor&, float, int64_t, float, float);
 
 template <typename C>
 RunFn<C> run_for(int64_t head_dim) {
@@ -326,9 +327,9 @@ std::vector<int64_t> prefill_attention_head_dims() {
 
 // Same arguments as paged_attention (paged_attention.cpp); the query and output are bf16, the cache bf16 or
 // float8_e4m3fn, and head_dim one of prefill_attention_head_dims() (none where the CPU lacks AVX-512 BF16).
-void prefill_attention(torch::Tensor output, const torch::Tensor& query, const torch::Tensor& kv_cache,
-                       const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                       const torch::Tensor& block_tables, const torch::Tensor& seq_ids, double scale,
+void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
+                       const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                       const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
                        int64_t sliding_window, double k_scale, double v_scale) {
 #ifdef RAPID_LLM_HAS_AVX512_BF16_ATTENTION
   paged_kernels::check_paged_arguments("prefill_attention", output, query, kv_cache, query_start_loc, seq_lens,

@@ -2,9 +2,8 @@
 // One pass over the words: an all-ones word (every token allowed) is skipped, an all-zeros word (the usual
 // case inside a JSON value, where few tokens are allowed) is one fill; only mixed words go bit by bit
 // (two AVX-512 masked stores where the CPU has them).
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -13,10 +12,10 @@
 #include <cstdint>
 #include <limits>
 
-void apply_token_bitmask(torch::Tensor logits, const torch::Tensor& bitmask) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat32 && logits.stride(1) == 1,
+void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
               "apply_token_bitmask: logits must be float32 [rows, vocab] with contiguous rows");
-  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(),
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous(),
               "apply_token_bitmask: bitmask must be a contiguous int32 [rows, words]");
   TORCH_CHECK(bitmask.size(0) == logits.size(0) && bitmask.size(1) * 32 >= logits.size(1),
               "apply_token_bitmask: bitmask [", bitmask.size(0), ", ", bitmask.size(1), "] does not cover logits [",
