@@ -16,8 +16,9 @@ import pytest
 
 from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, Feature, Setting, Unsupported
 from rapid_llm.ipc.messages import TokenLogprobs
-from tests.compat.harness import (NEAR_TIE_NATS, CellResult, Reference, References, _with_checkpoint, combinations,
-                                  compare, largest_supported, prompts, run_cell, run_matrix, settings)
+from tests.compat.harness import (FP8_NEAR_TIE_NATS, NEAR_TIE_NATS, CellResult, Reference, References,
+                                  _with_checkpoint, combinations, compare, largest_supported, prompts, run_cell,
+                                  run_matrix, settings)
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -151,3 +152,12 @@ def test_outputs_may_part_from_a_tolerant_reference_only_at_a_tie(ours, tolerant
     mismatch, ties = compare([[5, 161, 8], [1, 2]], [[None, ours, None], [None, None]], reference)
     where = "prompt 0 (5 tokens): output token 1 is 161, the reference's 93"
     assert (mismatch, ties) == ((None, [where]) if accepted else (where, []))
+
+
+def test_an_fp8_reference_tolerates_an_fp8_rounding_step() -> None:
+    ours, theirs = _top((87, -3.405), (119, -3.546)), _top((119, -3.456), (87, -3.487))  # measured, 0.14 nats
+    where = "prompt 0 (5 tokens): output token 1 is 87, the reference's 119"
+    for tie_nats, accepted in ((NEAR_TIE_NATS, False), (FP8_NEAR_TIE_NATS, True)):
+        reference = Reference([[5, 119]], [[None, theirs]], tie_nats)
+        mismatch, ties = compare([[5, 87]], [[None, ours]], reference)
+        assert (mismatch, ties) == ((None, [where]) if accepted else (where, []))
