@@ -10,7 +10,8 @@ their results. Beam search: `SamplingParams(use_beam_search=True, ...)` or `beam
 beams are the prompt's outputs. Speculative decoding: `LLM(..., speculative_config={"method": "ngram",
 "num_speculative_tokens": 3})`, the dict form of `--speculative-config`. Data parallelism:
 `LLM(..., data_parallel_size=2)` spreads the requests over the replicas with the frontend's Router
-(`load_balance_method`), each request's abort going to the replica that owns it.
+(`load_balance_method`), each request's abort going to the replica that owns it. `embed(prompts)` pools each
+prompt's final hidden states (vLLM's `LLM.embed`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch
 from rapid_llm.ipc.sockets import Receiver, Sender
 from rapid_llm.sampling import SamplingParams, fit_max_tokens
+from rapid_llm.sampling.pooling import checkpoint_pooling, normalized
 from rapid_llm.server_args import ServerArgs
 
 Prompt = str | Sequence[int]
@@ -64,6 +66,20 @@ class RequestOutput:
     @property
     def num_cached_tokens(self) -> int:
         return self.outputs[0].num_cached_tokens
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """One prompt's embedding, as vLLM's `LLM.embed` returns it (`.outputs.embedding`)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
 
 
 class LLM:
@@ -154,6 +170,20 @@ class LLM:
                                 max_tokens=max_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
                                 ignore_eos=ignore_eos)
         return self.generate(prompts, params)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], normalize: bool = True) -> list[EmbeddingRequestOutput]:
+        """vLLM's `LLM.embed`: each prompt's pooled final hidden states (the checkpoint's pooling, see
+        sampling/pooling.py), unit-normalised unless `normalize` is False; one output per prompt, in order."""
+        pooling = checkpoint_pooling(self.config.model.model)
+        results = self.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, pooling=pooling))
+        outputs = []
+        for result in results:
+            choice = result.outputs[0]
+            if choice.error is not None:
+                raise RuntimeError(f"embedding request {result.request_id} failed: {choice.error}")
+            vector = normalized(choice.embedding) if normalize else choice.embedding
+            outputs.append(EmbeddingRequestOutput(result.request_id, result.prompt_token_ids, EmbeddingOutput(vector)))
+        return outputs
 
     def _collect(self, choices: dict[str, CompletionOutput], unfinished: set[str]) -> None:
         """Gather deltas until every request in `unfinished` (emptied as they finish) is done."""

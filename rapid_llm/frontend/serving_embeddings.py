@@ -3,20 +3,15 @@
 Key design choice: an embedding is a generation request that asks the engine to pool its prompt's final
 hidden states (`SamplingParams.pooling`) and samples one token, which is dropped; so embeddings batch with
 chat and completions in the same scheduler steps and share the generation path (`Serving.generate`). The
-pooling is the checkpoint's sentence-transformers choice (`1_Pooling/config.json`: last token or mean), else
-the last token (Qwen3-Embedding's). `encoding_format: "base64"` (the OpenAI SDK's default) packs float32
-little-endian, as OpenAI does; vLLM's `normalize: false` returns the raw pooled vector.
+pooling is the checkpoint's (`sampling/pooling.py`). `encoding_format: "base64"` (the OpenAI SDK's default)
+packs float32 little-endian, as OpenAI does; vLLM's `normalize: false` returns the raw pooled vector.
 Usage: `client.embeddings.create(model=..., input=["a", "b"])`.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import math
 import struct
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -28,9 +23,7 @@ from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import prompt_inputs
 from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.sampling import SamplingParams
-
-# sentence-transformers' pooling modes that decoder checkpoints use, and the engine's names for them.
-_POOLING_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean"}
+from rapid_llm.sampling.pooling import checkpoint_pooling, normalized
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -50,23 +43,6 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
         return None, None
 
 
-@lru_cache(maxsize=8)
-def checkpoint_pooling(model_path: str) -> str:
-    """The pooling a sentence-transformers checkpoint declares ("last" or "mean"); "last" without one."""
-    modules_file = Path(model_path) / "modules.json"
-    if not modules_file.is_file():
-        return "last"
-    for module in json.loads(modules_file.read_text()):
-        if module.get("type", "").endswith("Pooling"):
-            config = json.loads((Path(model_path) / module["path"] / "config.json").read_text())
-            modes = [mode for mode, enabled in config.items() if mode.startswith("pooling_mode_") and enabled]
-            if len(modes) != 1 or modes[0] not in _POOLING_MODES:
-                raise ValueError(f"{model_path}: sentence-transformers pooling {modes} is not supported; "
-                                 f"rapid_llm pools by one of {sorted(_POOLING_MODES)}")
-            return _POOLING_MODES[modes[0]]
-    return "last"
-
-
 class EmbeddingFormat:
     """Shapes each input's pooled vector as an OpenAI embedding object (Serving.generate's choices)."""
 
@@ -80,10 +56,7 @@ class EmbeddingFormat:
         self.normalize = normalize
 
     def choice(self, index: int, output: ChoiceOutput) -> dict[str, Any]:
-        vector = output.embedding
-        if self.normalize:
-            norm = math.sqrt(sum(value * value for value in vector)) or 1.0
-            vector = [value / norm for value in vector]
+        vector = normalized(output.embedding) if self.normalize else output.embedding
         embedding: list[float] | str = vector
         if self.encoding_format == "base64":
             embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

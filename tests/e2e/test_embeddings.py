@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 
+from rapid_llm import LLM
 from tests.e2e.server import ServerProcess
 
 TOLERANCE = 1e-4
@@ -114,3 +115,13 @@ def test_bad_input_is_a_400_naming_the_field(served, body, param) -> None:
     assert response.json()["error"]["param"] == param
     # The server keeps serving.
     assert httpx.post(f"{server.base_url}/v1/embeddings", json={"input": "ok"}, timeout=60).status_code == 200
+
+
+def test_offline_embed_matches_transformers(qwen3_checkpoint, hidden_states) -> None:
+    with LLM(str(qwen3_checkpoint), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=16) as llm:
+        outputs = llm.embed(PROMPTS)
+        raw = llm.embed(PROMPTS[0], normalize=False)[0].outputs.embedding
+    for output, ids, states in zip(outputs, PROMPTS, hidden_states):
+        assert output.prompt_token_ids == ids
+        assert torch.allclose(torch.tensor(output.outputs.embedding), expected(states, "last"), atol=TOLERANCE)
+    assert torch.allclose(torch.tensor(raw), hidden_states[0][-1], atol=TOLERANCE)
