@@ -35,9 +35,9 @@ from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
 from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
+from rapid_llm.frontend.serving_embeddings import create_embedding
 from rapid_llm.frontend.serving_messages import create_message
 from rapid_llm.frontend.serving_responses import ResponsesRoute
-from rapid_llm.frontend.serving_embeddings import create_embedding
 from rapid_llm.frontend.serving_tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
