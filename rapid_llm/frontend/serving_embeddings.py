@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rapid_llm.frontend.errors import bad_request
-from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.serving_common import CLIENT_CLOSED_REQUEST, Serving, json_response
 from rapid_llm.frontend.serving_completions import prompt_inputs
 from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.sampling import SamplingParams
@@ -87,7 +87,7 @@ async def create_embedding(serving: Serving, request: Request) -> Response:
     generated = await serving.generate(request, EmbeddingFormat(body.encoding_format, body.normalize), body,
                                        engine_prompts, drop_output=True)
     if not isinstance(generated, dict):  # None (never a stream): the client left, the requests were aborted
-        return Response(status_code=499)  # nginx's "client closed request", as the other routes answer
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     prompt_tokens = generated["usage"]["prompt_tokens"]
     return json_response({"object": "list", "data": generated["choices"], "model": generated["model"],
                           "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
