@@ -147,10 +147,13 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
     async def metrics(request: Request) -> Response:
         return Response(serving.metrics.render(engine.stats()), media_type=CONTENT_TYPE)
 
+    responses = ResponsesRoute()
     routes = [
         Route("/v1/completions", _guarded(create_completion, serving), methods=["POST"]),
         Route("/v1/chat/completions", _guarded(create_chat_completion, serving), methods=["POST"]),
-        Route("/v1/responses", _guarded(ResponsesRoute().create, serving), methods=["POST"]),
+        Route("/v1/responses", _guarded(responses.create, serving), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _guarded(responses.retrieve, serving), methods=["GET"]),
+        Route("/v1/responses/{response_id}", _guarded(responses.delete, serving), methods=["DELETE"]),
         Route("/v1/messages", _guarded(create_message, serving, anthropic_error_response), methods=["POST"]),
         Route("/v1/embeddings", _guarded(create_embedding, serving), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -4,8 +4,10 @@ Key design choice: the request is translated into a chat request (responses_prot
 `Serving.generate` exactly as /v1/chat/completions would be, and the chat-shaped result reshaped
 (responses_output.py). Stored responses (`store`, default true) keep their conversation as chat
 messages in memory, in a least-recently-used table of at most `MAX_STORED_RESPONSES`, so that a later
-`previous_response_id` continues it; they are lost when the server stops.
-Usage: `Route("/v1/responses", ...(ResponsesRoute().create))`.
+`previous_response_id` continues it, and the response object itself for GET / DELETE
+/v1/responses/{id}; they are lost when the server stops.
+Usage: `route = ResponsesRoute()`; `Route("/v1/responses", ...(route.create))`, and `route.retrieve` /
+`route.delete` for `/v1/responses/{response_id}`.
 """
 
 from __future__ import annotations
@@ -30,26 +32,40 @@ MAX_STORED_RESPONSES = 512
 
 
 class ResponseStore:
-    """Conversations of past responses by response id; past `capacity`, the least recently used is dropped."""
+    """Past responses and their conversations by response id; past `capacity`, the least recently used is
+    dropped."""
 
     def __init__(self, capacity: int = MAX_STORED_RESPONSES) -> None:
         self.capacity = capacity
-        self._conversations: OrderedDict[str, list[ChatMessage]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[list[ChatMessage], dict[str, Any]]] = OrderedDict()
 
-    def put(self, response_id: str, messages: list[ChatMessage]) -> None:
-        self._conversations[response_id] = messages
-        self._conversations.move_to_end(response_id)
-        while len(self._conversations) > self.capacity:
-            self._conversations.popitem(last=False)
+    def put(self, response_id: str, messages: list[ChatMessage], response: dict[str, Any] | None = None) -> None:
+        self._entries[response_id] = (messages, response or {"id": response_id})
+        self._entries.move_to_end(response_id)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
 
     def get(self, response_id: str) -> list[ChatMessage]:
-        messages = self._conversations.get(response_id)
-        if messages is None:
-            raise OpenAIError(404, f"Previous response with id '{response_id}' not found (responses are kept "
-                              f"in the server's memory, the {self.capacity} most recently used).",
-                              param="previous_response_id", code="previous_response_not_found")
-        self._conversations.move_to_end(response_id)
-        return messages
+        """The conversation a `previous_response_id` continues."""
+        return self._entry(response_id, "previous_response_id", "Previous response")[0]
+
+    def response(self, response_id: str) -> dict[str, Any]:
+        """The stored response object (GET /v1/responses/{id})."""
+        return self._entry(response_id, "response_id", "Response")[1]
+
+    def delete(self, response_id: str) -> None:
+        self._entry(response_id, "response_id", "Response")
+        del self._entries[response_id]
+
+    def _entry(self, response_id: str, param: str, what: str) -> tuple[list[ChatMessage], dict[str, Any]]:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            raise OpenAIError(404, f"{what} with id '{response_id}' not found (responses are kept in the server's "
+                              f"memory, the {self.capacity} most recently used).", param=param,
+                              code="previous_response_not_found" if param == "previous_response_id" else
+                              "response_not_found")
+        self._entries.move_to_end(response_id)
+        return entry
 
 
 def assistant_message(output: list[dict[str, Any]]) -> ChatMessage:
@@ -77,7 +93,7 @@ class ResponsesRoute:
 
         def remember(response: dict[str, Any]) -> None:
             if body.store is not False:
-                self.store.put(response["id"], _continued(conversation, response["output"]))
+                self.store.put(response["id"], _continued(conversation, response["output"]), response)
 
         if isinstance(generated, ChunkStream):
             return EventStreamResponse(stream_events(generated, ResponsesEvents(shape, remember)),
@@ -85,6 +101,17 @@ class ResponsesRoute:
         response = shape.whole(generated)
         remember(response)
         return json_response(response)
+
+
+    async def retrieve(self, serving: Serving, request: Request) -> Response:
+        """GET /v1/responses/{response_id}: a stored response, as it was returned."""
+        return json_response(self.store.response(request.path_params["response_id"]))
+
+    async def delete(self, serving: Serving, request: Request) -> Response:
+        """DELETE /v1/responses/{response_id}: forget a stored response (OpenAI's deletion object)."""
+        response_id = request.path_params["response_id"]
+        self.store.delete(response_id)
+        return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 def _continued(conversation: Conversation, output: list[dict[str, Any]]) -> list[ChatMessage]:

@@ -195,6 +195,22 @@ async def test_previous_response_id_continues_the_conversation(sdk: openai.Async
         assert error.value.body["param"] == "previous_response_id"
 
 
+async def test_a_stored_response_is_retrieved_and_deleted(sdk: openai.AsyncOpenAI) -> None:
+    created = await sdk.responses.create(model="tiny", input="Hello")
+    retrieved = await sdk.responses.retrieve(created.id)
+    assert retrieved.model_dump() == created.model_dump()
+    await sdk.responses.delete(created.id)
+    for call in (sdk.responses.retrieve, sdk.responses.delete):
+        with pytest.raises(openai.NotFoundError) as error:
+            await call(created.id)
+        assert error.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.create(model="tiny", input="x", previous_response_id=created.id)
+    unstored = await sdk.responses.create(model="tiny", input="Hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.retrieve(unstored.id)
+
+
 def test_the_store_keeps_the_most_recently_used() -> None:
     store = ResponseStore(capacity=2)
     for name in ("a", "b"):
