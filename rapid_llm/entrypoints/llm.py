@@ -26,7 +26,7 @@ import zmq
 from rapid_llm.entrypoints.engine_processes import EngineProcesses
 from rapid_llm.frontend.router import Router
 from rapid_llm.ipc.choice_output import ChoiceOutput
-from rapid_llm.ipc.messages import AbortRequest, GenerateRequest, TextBatch
+from rapid_llm.ipc.messages import AbortRequest, GenerateBatch, GenerateRequest, TextBatch
 from rapid_llm.ipc.sockets import Receiver, Sender
 from rapid_llm.sampling import SamplingParams, fit_max_tokens
 from rapid_llm.sampling.pooling import checkpoint_pooling, normalized
@@ -142,10 +142,14 @@ class LLM:
             results.append(result)
         unfinished = set(choices)
         try:
+            # One message per replica, so each scheduler admits its share together (deterministic first steps).
+            batches: dict[int, list[GenerateRequest]] = {}
             for request in requests:
                 replica = self._router.route(request.request_id, request.prompt_token_ids,
                                              request.params.max_tokens or 0)
-                self._requests[replica].send(request)
+                batches.setdefault(replica, []).append(request)
+            for replica, batch in batches.items():
+                self._requests[replica].send(GenerateBatch(batch))
             self._collect(choices, unfinished)
             for result in results:
                 _expand_beams(result)

@@ -1,6 +1,6 @@
 """Every message that crosses a process boundary, as msgspec Structs (no pickle anywhere).
 
-Flow: frontend -> scheduler (GenerateRequest, AbortRequest, FlushCache); scheduler -> worker ranks
+Flow: frontend -> scheduler (GenerateRequest, GenerateBatch, AbortRequest, FlushCache); scheduler -> worker ranks
 (StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> detokenizer
 (TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats,
 FlushCacheResult).
@@ -36,6 +36,13 @@ class GenerateRequest(_Message):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+
+
+class GenerateBatch(_Message):
+    """Requests that arrive together (the offline `LLM`'s prompts): admitted in one drain of the scheduler's
+    queue, so their first step holds all that fit, whatever the timing of the sends."""
+
+    requests: list[GenerateRequest]
 
 
 class AbortRequest(_Message):
@@ -297,7 +304,7 @@ class FlushCacheResult(_Message):
     flushed: bool  # False: requests were running, nothing was flushed
 
 
-FrontendToScheduler = GenerateRequest | AbortRequest | FlushCache
+FrontendToScheduler = GenerateRequest | GenerateBatch | AbortRequest | FlushCache
 SchedulerToFrontend = SchedulerStats | FlushCacheResult
 SchedulerToWorker = StepPlan | Shutdown
 WorkerToScheduler = WorkerReady | WorkerFailed | StepResult

@@ -24,6 +24,7 @@ from rapid_llm.ipc.messages import (
     FlushCache,
     FlushCacheResult,
     FrontendToScheduler,
+    GenerateBatch,
     GenerateRequest,
     SchedulerStats,
     Shutdown,
@@ -102,20 +103,26 @@ class SchedulerLoop:
     def _drain_requests(self) -> None:
         while (message := self.requests.recv_nowait()) is not None:
             if isinstance(message, GenerateRequest):
-                try:
-                    self.scheduler.add_request(message)
-                except RequestRejected as error:
-                    # The frontend validates first; this guards other clients. Finish it, keep serving.
-                    logger.warning("rejected request %s: %s", message.request_id, error)
-                    self.detokenizer.send(TokenBatch(updates=[TokenUpdate(
-                        message.request_id, [], finish_reason="abort", error=str(error), error_kind=error.kind)]))
-                except DuplicateRequestId as error:
-                    logger.warning("ignored request %s: %s", message.request_id, error)
+                self._add_request(message)
+            elif isinstance(message, GenerateBatch):
+                for request in message.requests:
+                    self._add_request(request)
             elif isinstance(message, AbortRequest):
                 self.scheduler.abort_request(message.request_id)
             elif isinstance(message, FlushCache):
                 # A blocking send, unlike stats: the frontend is waiting for this reply.
                 self.frontend.send(FlushCacheResult(message.request_id, self.scheduler.reset_prefix_cache()))
+
+    def _add_request(self, request: GenerateRequest) -> None:
+        try:
+            self.scheduler.add_request(request)
+        except RequestRejected as error:
+            # The frontend validates first; this guards other clients. Finish it, keep serving.
+            logger.warning("rejected request %s: %s", request.request_id, error)
+            self.detokenizer.send(TokenBatch(updates=[TokenUpdate(
+                request.request_id, [], finish_reason="abort", error=str(error), error_kind=error.kind)]))
+        except DuplicateRequestId as error:
+            logger.warning("ignored request %s: %s", request.request_id, error)
 
     def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult) -> None:
         if isinstance(message, WorkerFailed):
