@@ -92,7 +92,7 @@ PRESETS: dict[str, Preset] = {
     # The target trained on from its packaged weights (it had seen under one epoch of the corpus), same shape, with
     # another data seed so the batches are new; resumable across sessions like every preset.
     "target-long": Preset("LlamaForCausalLM", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2,
-                          intermediate_size=1024, steps=3000, batch_size=16, seq_len=256, lr=6e-4, warmup_steps=30,
+                          intermediate_size=1024, steps=1500, batch_size=16, seq_len=256, lr=6e-4, warmup_steps=30,
                           upcycle_from="target"),
     "tiny": Preset("LlamaForCausalLM", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    intermediate_size=64, steps=4, batch_size=2, seq_len=16, lr=1e-3, warmup_steps=1),
