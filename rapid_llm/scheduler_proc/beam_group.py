@@ -8,7 +8,8 @@ fills by copying the parent's (copy-on-write, `BlockCopy`) before that step. A p
 its references. The group reserves its W slots at admission and keeps them until it ends: the first child
 continues in its parent's slot (the worker is only told its chosen token, `LastToken`), other children
 re-enter a freed slot with their whole token list (`NewRequest`). Usage: `start` after the prefill's result,
-then `fork` per result and `plan_step` per step; `release` frees everything.
+`plan_step` per step; per result, each beam's logprobs go into `round` and `advance_round` ranks and forks once
+every beam's are in; `release` frees everything.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class BeamGroup:
         self.slots: list[int] = []  # all W reserved slots
         self.beams: list[Beam] = []
         self.in_flight = False  # a step that samples for the group is planned and its result not processed
+        # The round in flight's top logprobs by slot, as its result's tokens are taken, until `advance_round`.
+        self.round: dict[int, TokenLogprobs | None] = {}
         self._params = params
         self._max_new_tokens = max_new_tokens
         self._eos_token_ids = eos_token_ids
@@ -82,10 +85,10 @@ class BeamGroup:
             return []
         return self._fork(running, blocks, block_size)
 
-    def advance_round(self, request_id: str, by_slot: dict[int, TokenLogprobs | None], blocks: BlockManager,
-                      block_size: int) -> list[int]:
-        """`advance` from one step's result: each live beam's top logprobs, by slot."""
+    def advance_round(self, request_id: str, blocks: BlockManager, block_size: int) -> list[int]:
+        """`advance` from one step's result: each live beam's top logprobs, collected by slot in `round`."""
         self.in_flight = False
+        by_slot, self.round = self.round, {}
         candidates = []
         for beam in self.beams:
             logprobs = by_slot.get(beam.slot)

@@ -1,9 +1,11 @@
-"""Step policies (scheduler_proc/step_policy.py): a new request lifecycle without touching the scheduler loop.
+"""Step policies (scheduler_proc/step_policy.py): a new request lifecycle without touching the scheduler loops.
 
 The test policy holds a request after its prompt, as a prefill instance would hand a request's KV to a decode
 instance in prefill/decode disaggregation, until the test releases it. The real Scheduler runs against the
 faithful fake worker of test_scheduler.py: the held request gets its first token, then no step until released,
-while the other request runs to its end; every output equals the reference.
+while the other request runs to its end; every output equals the reference. Results reach the policies too: a
+recording policy sees every live token in `take` (none of an aborted request's in-flight step) and, after all
+tokens of a step, `end_step` once per request that took one; every output token is one the policy took.
 """
 
 from __future__ import annotations
@@ -12,20 +14,41 @@ from collections import deque
 
 import pytest
 
-from rapid_llm.ipc.messages import GenerateRequest, StepPlan
+from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult
+from rapid_llm.scheduler_proc.plan_record import PlanDraft
 from rapid_llm.scheduler_proc.request_state import RequestState
-from rapid_llm.scheduler_proc.scheduler import Scheduler, _PlanDraft
+from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.scheduler_proc.step_policy import PLAIN, StepAsk, StepPolicy
-from tests.unit.test_scheduler import FakeWorker, _Collector, expected_outcomes, hashed_model, make_config, request
+from tests.unit.test_scheduler import (Event, FakeWorker, _Collector, drive, expected_outcomes, hashed_model,
+                                       make_config, request)
 
 
-class HoldAfterPrompt(StepPolicy):
+class Recording(StepPolicy):
+    """Plain decoding that logs what it takes: ("take", request id, token) and ("end_step", request id, None)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, int | None]] = []
+
+    def take(self, scheduler: Scheduler, request: RequestState, slot: int, index: int, result: StepResult) -> None:
+        self.log.append(("take", request.request_id, result.token_ids[index]))
+        super().take(scheduler, request, slot, index, result)
+
+    def end_step(self, scheduler: Scheduler, request: RequestState) -> None:
+        self.log.append(("end_step", request.request_id, None))
+        super().end_step(scheduler, request)
+
+    def taken(self, request_id: str) -> list[int]:
+        return [token for kind, taker, token in self.log if kind == "take" and taker == request_id]
+
+
+class HoldAfterPrompt(Recording):
     """Plain decoding, except that a request in `held` gets no step once its prompt is computed."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.held: set[str] = set()
 
-    def ask(self, scheduler: Scheduler, request: RequestState, draft: _PlanDraft) -> StepAsk | None:
+    def ask(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
         if request.request_id in self.held and request.num_computed_tokens >= request.num_prompt_tokens:
             return None
         return super().ask(scheduler, request, draft)
@@ -78,3 +101,45 @@ def test_a_held_request_waits_after_its_prompt_and_finishes_once_released(depth:
     # (a plan made at most `depth` steps before the step that follows it).
     assert all(i >= released_at - depth for i in steps_with_held[3:])
     assert collector.outcomes == expected_outcomes({0: events()}, config, hashed_model)
+    assert scheduler.hold.taken("held") == collector.outcomes["held"].token_ids
+
+
+class RecordingScheduler(Scheduler):
+    """Every request runs under one `Recording` policy; `steps` holds each result's slice of its log."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.recording = Recording()
+        self.steps: list[list[tuple[str, str, int | None]]] = []
+
+    def policy_for(self, request: RequestState) -> StepPolicy:
+        return self.recording
+
+    def process_result(self, result: StepResult) -> None:
+        start = len(self.recording.log)
+        super().process_result(result)
+        self.steps.append(self.recording.log[start:])
+
+
+def test_each_live_token_is_taken_by_the_policy_then_each_taker_ends_the_step() -> None:
+    config = make_config(max_num_batched_tokens=6)
+    events: dict[int, list[Event]] = {0: [request("a", range(1, 12), max_tokens=9, ignore_eos=True),
+                                          request("b", [5, 6], max_tokens=7, ignore_eos=True),
+                                          request("c", [7, 8, 9], max_tokens=20, ignore_eos=True)],
+                                      4: ["c"]}
+    scheduler = RecordingScheduler(config)
+    run = drive(config, events, depth=2, scheduler=scheduler)
+    shared_steps = 0
+    for step in scheduler.steps:
+        takers = [taker for kind, taker, _ in step if kind == "take"]
+        # All takes first, then one end_step per taker, in the order they took.
+        assert step == [entry for entry in step if entry[0] == "take"] + [("end_step", taker, None) for taker in takers]
+        assert len(set(takers)) == len(takers)
+        shared_steps += len(takers) > 1
+    assert shared_steps > 0, "no step sampled for several requests: the order above was not tested"
+    # Every output token was taken by the policy; c's token of the step in flight at its abort was not.
+    for request_id, outcome in run.outcomes.items():
+        assert scheduler.recording.taken(request_id) == outcome.token_ids
+    assert run.outcomes["c"].finish_reason == "abort" and len(run.outcomes["c"].token_ids) < run.worker.num_sampled["c"]
+    expected = expected_outcomes({0: events[0][:2]}, config)
+    assert {request_id: run.outcomes[request_id] for request_id in expected} == expected

@@ -1,0 +1,188 @@
+"""The scheduler's shared bookkeeping: requests and queues, KV blocks and slots, steps in flight, unsent outputs,
+and the moves that end or restart a request (finish, fail, preempt).
+
+Key design choice: a request's resources go back the moment it ends or is preempted (blocks to the pool, full
+ones staying in the prefix cache; slots to the next plan's released list), because the worker runs steps in
+order, so no later step reads them; a result that still names the request is recognised as stale by its epoch.
+Planning (`scheduler.py`) and taking results (`step_results.py`) are layers on this state; callers use the one
+class on top, `Scheduler`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+
+from rapid_llm.config.scheduler_config import SchedulerConfig
+from rapid_llm.ipc.messages import DetokenizeRequest, Rollback, SchedulerStats, TokenBatch
+from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.scheduler_proc.plan_record import StepRecord
+from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
+from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
+from rapid_llm.scheduler_proc.speculation import Speculation
+from rapid_llm.scheduler_proc.step_cost import StepCostModel
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerState:
+    """What planning and result taking share; no sockets, no tensors."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        if config.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
+        capacity = config.num_kv_blocks * config.block_size
+        # A lone request could outgrow the whole cache and then never be admitted again. With a window in every
+        # layer it holds at most the window behind its chunk, the chunk, and a partial block at each end.
+        needed = config.max_model_len if config.sliding_window is None else min(
+            config.max_model_len, config.sliding_window + config.max_num_batched_tokens + 2 * config.block_size)
+        if capacity < needed:
+            what = (f"max_model_len ({config.max_model_len})" if needed == config.max_model_len else
+                    f"one request's attention window and chunk ({needed})")
+            raise ValueError(f"the KV cache holds {capacity} tokens, fewer than {what}; "
+                             "lower --max-model-len or give the KV cache more memory")
+        self.config = config
+        self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self._prefix_cache = PrefixCache(self._blocks, config)
+        self._free_slots = list(range(config.max_num_seqs))  # a sorted list is already a heap
+        self._released_slots: list[int] = []
+        self._requests: dict[str, RequestState] = {}
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []  # in order of admission
+        self._inflight: deque[StepRecord] = deque()
+        self._next_step_id = 0
+        self._num_preemptions = 0
+        self._num_steps_done = 0
+        self._detokenize_requests: list[DetokenizeRequest] = []
+        self._updated: dict[RequestState, None] = {}  # ordered set of requests with unsent output
+        self._speculation = None if config.speculative is None else Speculation(config.speculative)
+        self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
+        self._step_cost = StepCostModel()
+        self._itl_target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while any request is unfinished."""
+        if self.has_unfinished_requests():
+            return False
+        self._blocks.reset_cache()
+        return True
+
+    # ---- ending and restarting requests ------------------------------------------------------
+
+    def _preempt(self, request: RequestState) -> None:
+        self._num_preemptions += 1
+        logger.warning("KV cache full: preempted request %s (it will be recomputed; %d preemptions so far)",
+                       request.request_id, self._num_preemptions)
+        self._requeue(request)
+
+    def _requeue(self, request: RequestState) -> None:
+        """Back to the front of the queue, to be recomputed from scratch."""
+        self._running.remove(request)
+        self._release_resources(request)
+        request.reset_for_recompute()
+        if request.beam is not None:
+            # Nothing of a beam search was sent yet: it restarts from its prompt (usually cached blocks).
+            request.beam.reset()
+        self._waiting.appendleft(request)
+
+    def _fail(self, request: RequestState, error: str) -> None:
+        """End a request the worker could not serve: the KV of its blocks may never have been written.
+
+        Requests planned before the failure was known may already read those blocks (prefix-cache
+        hits), and the KV they wrote from them is wrong too; all of them are recomputed, and every
+        block involved leaves the prefix cache. This may recompute more than needed; failures are rare.
+        """
+        suspect = set(self._blocks_of(request))
+        request.error, request.error_kind = error, "internal"
+        self._finish(request, "abort", None)
+        readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
+        while readers:
+            for reader in readers:
+                suspect.update(self._blocks_of(reader))
+                self._requeue(reader)
+            readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
+        self._blocks.uncache(suspect)
+
+    def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
+        if request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        else:
+            self._running.remove(request)
+        self._release_resources(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = finish_reason
+        request.stop_reason = stop_reason
+        del self._requests[request.request_id]
+        self._updated[request] = None
+
+    def _release_resources(self, request: RequestState) -> None:
+        """Free blocks now (the worker runs steps in order, so no later step reads them) and the slot.
+
+        Full blocks stay cached; freeing the last block first makes the prefix's tail evicted first.
+        """
+        self._blocks.free(reversed(request.held_block_ids()))
+        request.block_ids = []
+        for slot in self._slots_of(request):
+            heapq.heappush(self._free_slots, slot)
+            self._released_slots.append(slot)
+            self._rollbacks.pop(slot, None)
+        request.slot = None
+        if request.beam is not None:
+            request.beam.release(self._blocks)
+            request.beam.slots = []
+
+    @staticmethod
+    def _slots_of(request: RequestState) -> list[int]:
+        if request.beam is not None:
+            return list(request.beam.slots)
+        return [] if request.slot is None else [request.slot]
+
+    @staticmethod
+    def _blocks_of(request: RequestState) -> list[int]:
+        if request.beam is not None and request.beam.started:
+            return list(request.beam.block_ids())
+        return request.held_block_ids()
+
+    # ---- outputs and introspection -----------------------------------------------------------
+
+    def take_outputs(self) -> TokenBatch | None:
+        if not self._detokenize_requests and not self._updated:
+            return None
+        batch = TokenBatch(
+            new_requests=self._detokenize_requests,
+            updates=[request.take_update() for request in self._updated],
+        )
+        self._detokenize_requests = []
+        self._updated = {}
+        return batch
+
+    def stats(self) -> SchedulerStats:
+        counters = self._speculation.counters if self._speculation is not None else None
+        return SchedulerStats(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            kv_blocks_used=self._blocks.num_used_blocks,
+            kv_blocks_total=self._blocks.num_blocks,
+            num_preemptions=self._num_preemptions,
+            prefix_cache_queries=self._prefix_cache.queries,
+            prefix_cache_hits=self._prefix_cache.hits,
+            num_steps=self._num_steps_done,
+            spec_decode_num_drafts=counters.num_drafts if counters else 0,
+            spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,
+            spec_decode_num_accepted_tokens=counters.num_accepted_tokens if counters else 0,
+            spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
+            spec_decode_num_disables=self._speculation.adaptive.num_disables if counters else 0,
+            spec_decode_num_gate_closes=self._speculation.gate.num_closes if counters else 0,
+        )
+
+    @property
+    def num_inflight_steps(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def oldest_inflight_step_id(self) -> int | None:
+        return self._inflight[0].step_id if self._inflight else None
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting or self._running)
