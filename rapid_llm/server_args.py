@@ -239,6 +239,7 @@ class ServerArgs:
         from rapid_llm.config.speculative_config import SpeculativeConfig
         from rapid_llm.models.registry import check_supported
         from rapid_llm.utils.demo_checkpoint import packaged_demo_name
+        from rapid_llm.utils.plugins import load_plugins
 
         op_backends = self.op_backends()
         speculative = SpeculativeConfig.parse(self.speculative_config)
@@ -247,6 +248,7 @@ class ServerArgs:
 
             check_method(speculative.method)
         device = DeviceConfig(self.device)
+        load_plugins()  # before the architecture is read: a plugin may register it
         model = ModelConfig.from_pretrained(model_dir, self.dtype, self.max_model_len, self.trust_remote_code,
                                             self.quantization)
         check_supported(model.architecture)

@@ -1,7 +1,9 @@
 """The model registry: HF architecture name -> "module:Class", imported when that model is built.
 
 A `utils.registry.Registry`, so importing the engine imports no model and a broken optional model can never
-break the others. Adding a model is one line here.
+break the others. Adding a model is one line here; an out-of-tree model calls `register_model` from a plugin
+module that every engine process imports at start (`RAPID_LLM_PLUGINS`, utils/plugins.py), as vLLM's
+`ModelRegistry.register_model`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ _MODELS: Registry[type[torch.nn.Module]] = Registry("architecture", {
     "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
 }, refused=_REFUSED)
+
+
+def register_model(architecture: str, model_class: str | type[torch.nn.Module]) -> None:
+    """Serve checkpoints whose config.json names `architecture` with `model_class`: a "module:Class" target, imported
+    when the model is built (keeps the launcher, which imports plugins too, free of torch), or the class itself. A
+    name already served (built in or registered) is refused."""
+    if not architecture:
+        raise ValueError("register_model needs the architecture name a checkpoint's config.json lists")
+    if isinstance(model_class, str) and model_class.count(":") != 1:
+        raise ValueError(f"register_model({architecture!r}, {model_class!r}): the model class must be a "
+                         "'module:Class' string or the class itself")
+    _MODELS.register(architecture, model_class)
 
 
 def refusal_reason(architecture: str) -> str | None:

@@ -1,8 +1,8 @@
 """What every engine child process does at start: its name, signals, logging, parent-death, readiness report.
 
 `run_child` is the spawn target of every child: it names the process for `ps`/`top`
-(`rapid_llm::scheduler`), then imports the real entry point from a "module:function" string, so
-the launcher never imports the engine's modules (torch, the model stack) just to name a target.
+(`rapid_llm::scheduler`), imports the `RAPID_LLM_PLUGINS` modules (utils/plugins.py), then the real entry point
+from a "module:function" string, so the launcher never imports the engine's modules just to name a target.
 Children ignore SIGINT (Ctrl-C reaches the whole process group; the launcher alone decides how
 to stop) and exit cleanly on SIGTERM, whichever thread it reaches (`signal_wakeup`). On Linux a child also asks the kernel for SIGTERM when the
 launcher dies, so a killed launcher never leaves orphans holding memory or a GPU.
@@ -24,6 +24,7 @@ import setproctitle
 
 from rapid_llm.utils import signal_wakeup
 from rapid_llm.utils.lazy_import import import_target
+from rapid_llm.utils.plugins import load_plugins
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(message)s"
 _PR_SET_PDEATHSIG = 1
@@ -34,12 +35,14 @@ def set_process_title(role: str) -> None:
 
 
 def run_child(role: str, target: str, *args: Any) -> None:
-    """Name this process, then import `target` ("module:function") and call it with `args`.
+    """Name this process, import the `RAPID_LLM_PLUGINS` modules, then import `target` ("module:function") and call
+    it with `args`.
 
     The last argument is the readiness pipe, so an import failure is reported like any start-up error.
     """
     set_process_title(role)
     try:
+        load_plugins()
         entry_point = import_target(target)
     except Exception as error:
         report_failure(args[-1], error)
