@@ -22,6 +22,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     stay unanswered before the engine is reported stuck. `speculative` turns speculative decoding on
     (docs/spec_decode/README.md). `itl_target_ms` (None: off) cuts prompt chunks while requests decode, so
     a step is predicted, from measured step times, to take at most that long (scheduler_proc/step_cost.py).
+    `recurrent_state` is filled in from the worker: some layers keep per-request state (a state cache group), so
+    the prefix cache finds no hits and beam search is refused (worker_proc/cache_groups.py).
     """
 
     max_model_len: int
@@ -30,6 +32,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 8192
     num_kv_blocks: int = 0
     sliding_window: int | None = None
+    recurrent_state: bool = False
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True

@@ -140,6 +140,9 @@ class Shutdown(_Message):
 class WorkerReady(_Message):
     num_kv_blocks: int
     kv_window: int | None = None  # every layer's attention window is at most this (KVCache.window)
+    # Layers in the worker's state cache group (per-request recurrent state): they cache nothing per block, so a
+    # prefix-cache hit (every group's hits intersected) never exists, and beam search cannot fork their state.
+    num_state_layers: int = 0
 
 
 class WorkerFailed(_Message):

@@ -1,16 +1,17 @@
 """The attention layers models use: they declare their KV-cache spec and delegate to the bound backend.
 
 `PagedAttentionLayer` is what the worker looks for: each one names the op whose backend computes it
-("attention", or "mla_attention" for `MLAAttention`) and declares what it caches per token. After the
-model is built the worker allocates each layer's paged tensor from its spec and binds it together with
-the backend the op registry selected, so model code never sees cache layout or backend choice and the
-batch metadata is passed in as an argument (no global forward context).
+("attention", or "mla_attention" for `MLAAttention`) and declares what it caches per token. The worker groups
+the layers by op (`worker_proc/cache_groups.py`: one paged cache group per op, each with the backend the op
+registry selected and its metadata built once per step), allocates each layer's paged tensor from its spec and
+binds both, so model code never sees cache layout or backend choice and the batch metadata is passed in as an
+argument (no global forward context): `batch.attention` in a one-op model, `batch.metadata_for(layer)` in any.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -36,18 +37,15 @@ class PagedAttentionLayer(nn.Module, ABC):
         self.kv_cache = kv_cache
         self.backend = backend
 
+    @property
+    def cache_group(self) -> str:
+        """The paged cache group this layer is in (one per op), whose step metadata it reads."""
+        return self.attention_op
+
     def bound(self) -> tuple[torch.Tensor, Any]:
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer used before the worker bound it to a KV cache and backend")
         return self.kv_cache, self.backend
-
-
-def attention_op_of(layers: Sequence[PagedAttentionLayer]) -> str:
-    """The one attention op a model's layers use (its backend builds the step's metadata for all of them)."""
-    ops = sorted({layer.attention_op for layer in layers})
-    if len(ops) != 1:
-        raise ValueError(f"a model's attention layers must all use one attention op, found {ops or 'none'}")
-    return ops[0]
 
 
 class Attention(PagedAttentionLayer):

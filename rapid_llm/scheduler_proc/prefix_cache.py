@@ -4,6 +4,8 @@ blocks, and the hit counters -- over the BlockManager's hash table.
 Key design choice: a block is offered to the cache only once its tokens are all real (no placeholder) and
 its KV is scheduled, so a hit never depends on a token the worker has not been told; readers of a block
 still being written are safe because the worker executes plans in order (see `register_full_blocks`).
+A hit must hold in every cache group (vLLM intersects the groups' hits); a model with recurrent layers (a state
+group, which keeps nothing per block) therefore never hits, and its blocks are not registered.
 Usage: `hits = cache.lookup(request)`, `cache.take(request, hits)` at admission;
 `cache.register_full_blocks(request)` whenever a request's computed or known tokens grow.
 """
@@ -19,6 +21,8 @@ class PrefixCache:
     def __init__(self, blocks: BlockManager, config: SchedulerConfig) -> None:
         self._blocks = blocks
         self.enabled = config.enable_prefix_caching
+        # A state group's hits are always empty, so the intersection over groups is too.
+        self.hits_possible = not config.recurrent_state
         self.block_size = config.block_size
         self.queries = 0  # tokens looked up at admissions, since start
         self.hits = 0  # of those, tokens found cached
@@ -27,7 +31,8 @@ class PrefixCache:
         """The cached blocks a waiting request can start from (not taken yet)."""
         # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too)
         # and no hidden states for mean pooling.
-        if not self.enabled or request.params.prompt_logprobs is not None or request.params.pooling == "mean":
+        if (not self.enabled or not self.hits_possible or request.params.prompt_logprobs is not None
+                or request.params.pooling == "mean"):
             return []
         # At least one token is always computed, so that the step has logits to sample from; a
         # block that token falls in is written, and a block being written is never shared.
@@ -58,7 +63,7 @@ class PrefixCache:
         writes the new K/V of all sequences before any sequence attends, so a reader never runs ahead
         of the writer.
         """
-        if not self.enabled:
+        if not self.enabled or not self.hits_possible:
             return
         num_full = min(request.num_computed_tokens, request.num_known_tokens) // self.block_size
         if num_full <= request.num_registered_blocks:

@@ -5,13 +5,13 @@ A step whose sequences all compute one token runs as the graph of the smallest b
 reads static buffers (`DecodeBuffers`, sized for the largest bucket; bucket b uses the first b rows): a
 step copies its input ids and attention metadata into them, and pads the rows past its batch with the
 input batch's padding block -- a padded row attends one key of that block and writes its K/V there, never
-into a live block. The attention backend wraps the static buffers into its own metadata once per bucket
-(`graph_decode_metadata`, for any length up to max_model_len). Logits and the sampler run after the
+into a live block. Each paged cache group's backend wraps the static buffers into its own metadata once per
+bucket (`graph_decode_metadata`, for any length up to max_model_len). Logits and the sampler run after the
 replay, outside the graph, so sampling parameters never have to be static. Capture needs CUDA; elsewhere
 `capture` raises saying so, and the runner never builds graphs off CUDA or with `--enforce-eager`.
 
 Usage:
-    graphs = DecodeGraphs(forward, backend, capture_sizes(max_bs), buffers, max_seq_len); graphs.capture()
+    graphs = DecodeGraphs(forward, {group: backend}, capture_sizes(max_bs), buffers, max_seq_len); graphs.capture()
     hidden = graphs.run(input_ids, common_metadata)  # None when the batch is larger than every bucket
 """
 
@@ -21,7 +21,7 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -102,18 +102,25 @@ class DecodeBuffers:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[ForwardBatch], torch.Tensor], backend: AttentionBackend, sizes: list[int],
-                 buffers: DecodeBuffers, max_seq_len: int) -> None:
+    def __init__(self, forward: Callable[[ForwardBatch], torch.Tensor], backends: Mapping[str, AttentionBackend],
+                 sizes: list[int], buffers: DecodeBuffers, max_seq_len: int) -> None:
+        """`backends`: each paged cache group's backend by group name, the first one's metadata the batch's
+        `attention`."""
+        if not backends:
+            raise ValueError("CUDA graphs capture paged attention: give at least one cache group's backend")
         self.forward = forward
-        self.backend = backend
+        self.backends = dict(backends)
         self.sizes = sizes
         self.buffers = buffers
         self.max_seq_len = max_seq_len
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _batch(self, batch_size: int) -> ForwardBatch:
-        metadata = self.backend.graph_decode_metadata(self.buffers.view(batch_size), self.max_seq_len)
-        return ForwardBatch(input_ids=self.buffers.input_ids[:batch_size], attention=metadata)
+        common = self.buffers.view(batch_size)
+        groups = {name: backend.graph_decode_metadata(common, self.max_seq_len)
+                  for name, backend in self.backends.items()}
+        return ForwardBatch(input_ids=self.buffers.input_ids[:batch_size], attention=next(iter(groups.values())),
+                            groups=groups)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -122,9 +129,10 @@ class DecodeGraphs:
         if device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device, the model is on {device.type}; run with "
                                "--enforce-eager")
-        if not self.backend.supports_cuda_graphs:
-            raise RuntimeError(f"the attention backend {type(self.backend).__name__} cannot be captured in a CUDA "
-                               "graph; run with --enforce-eager or pin --attention-backend triton")
+        for backend in self.backends.values():
+            if not backend.supports_cuda_graphs:
+                raise RuntimeError(f"the attention backend {type(backend).__name__} cannot be captured in a CUDA "
+                                   "graph; run with --enforce-eager or pin --attention-backend triton")
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         for batch_size in reversed(self.sizes):

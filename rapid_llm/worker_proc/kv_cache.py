@@ -1,36 +1,24 @@
-"""Allocate the paged KV cache from each layer's spec and bind every attention layer to its tensor.
+"""Allocate the paged KV cache from each paged layer's spec and bind every layer to its tensor and group backend.
 
-Each attention layer declares a `KVCacheSpec` (ops/attention/kv_cache_spec.py): full attention gets
-[2, num_blocks, block_size, kv_heads, head_dim] (K then V), MLA one latent per token. Block ids are
-shared by all layers, so the block count comes from an explicit number, else a byte budget divided by
-the sum of every layer's bytes per block: an explicit budget, or on CUDA the share of device memory
-left after the weights, or a fixed default on CPU. A latent cache thus holds more tokens in the same
-memory.
-
-The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a
-CPU) and a block is zeroed when it is freshly allocated to a request instead: attention reads a
-block's unwritten tail under a mask, and masked garbage that happened to be NaN or inf would
-still poison the softmax-weighted sum. Prefix-cache hits are never zeroed: they hold the KV being
-reused. Block 0 is zeroed up front because block tables are padded with it (the padded rows of CUDA-graph
-buckets use the last block, `padding_block`, instead; see input_batch.py). Once written, blocks
-only ever hold finite K/V, which a mask handles.
-
-A worker-side proposer's layers (a draft model's) are allocated beside the target's with the same block ids
-and one block count computed over both; they alone get `extra_blocks` more (its per-slot scratch, zeroed once).
-
-A quantized cache (`--kv-cache-dtype fp8 | nvfp4`) is built for full attention only: MLA and DeepSeek-V4 layers
-refuse it here, at start-up, as does a backend that cannot read it. Checkpoint k_scale/v_scale are logged as
-unused when the cache is not fp8 (nvfp4 keeps its own scales per 16 values).
+Block ids are shared by every paged layer of every cache group (cache_groups.py), so the block count is an
+explicit number, else a byte budget (explicit; on CUDA the share of device memory left after the weights; a fixed
+default on CPU), less what the caller reserved (the state group's rows), divided by the sum of every paged layer's
+bytes per block. The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a CPU):
+a block is zeroed when freshly allocated to a request, since masked garbage that happened to be NaN would still
+poison a softmax-weighted sum; prefix-cache hits never are (they hold the KV being reused), and block 0 is zeroed
+up front (block tables are padded with it). A worker-side proposer's layers (a draft model's) share the block ids
+and alone get `extra_blocks` more (its per-slot scratch, zeroed once). A quantized cache (`--kv-cache-dtype fp8 |
+nvfp4`) is built for full attention only: other specs, and a backend that cannot read it, are refused at start-up.
+Usage: `cache = allocate_kv_cache(layers, backends, model_config, cache_config, device, reserved_bytes)`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
-from torch import nn
 
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
@@ -40,10 +28,6 @@ from rapid_llm.ops.attention.kv_cache_spec import (FullAttentionSpec, KVCacheSpe
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, is_fp8_kv, kv_format
 
 logger = logging.getLogger(__name__)
-
-
-def attention_layers(model: nn.Module) -> list[PagedAttentionLayer]:
-    return [module for module in model.modules() if isinstance(module, PagedAttentionLayer)]
 
 
 def kv_cache_budget(cache_config: CacheConfig, device: torch.device) -> int:
@@ -110,7 +94,7 @@ class KVCache:
 
 
 def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], dtype: torch.dtype,
-                   backend: Any) -> None:
+                   backends: Mapping[str, Any]) -> None:
     """Refuse a quantized cache where it is not built; say when checkpoint KV scales go unused."""
     fmt = kv_format(dtype)
     if fmt is not None:
@@ -118,7 +102,7 @@ def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], 
         if other:
             raise ValueError(f"--kv-cache-dtype {fmt} is built for full attention only, not for this model's {other} "
                              "caches (MLA / DeepSeek-V4 latent caches); use --kv-cache-dtype auto")
-        if not backend_reads_kv(backend, dtype):
+        if not all(backend_reads_kv(backends[layer.attention_op], dtype) for layer in layers):
             raise ValueError(f"the selected attention backend does not read an {fmt} KV cache; use "
                              "--attention-backend torch_ref or --kv-cache-dtype auto")
     if fmt != "fp8" and any(getattr(layer, "kv_scales_from_checkpoint", False) for layer in layers):
@@ -127,29 +111,31 @@ def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], 
 
 
 def allocate_kv_cache(
-    model: nn.Module, model_config: ModelConfig, cache_config: CacheConfig, backend: Any, device: torch.device,
+    layers: list[PagedAttentionLayer], backends: Mapping[str, Any], model_config: ModelConfig,
+    cache_config: CacheConfig, device: torch.device, reserved_bytes: int = 0,
     extra_layers: list[PagedAttentionLayer] | None = None, extra_blocks: int = 0,
 ) -> KVCache:
-    """Allocate every layer's cache from its spec and bind the layers to it and the backend. `extra_layers` (a
-    proposer's) share the block ids and get `extra_blocks` more of their own."""
-    layers = attention_layers(model)
+    """Allocate every paged layer's cache from its spec and bind the layer to it and its op's backend. A memory
+    budget pays for `reserved_bytes` (the state group's rows) first. `extra_layers` (a proposer's) share the block
+    ids and get `extra_blocks` more of their own."""
     num_target = len(layers)
-    layers += extra_layers or []
+    layers = [*layers, *(extra_layers or [])]
     dtype = cache_config.kv_dtype(model_config.dtype)
     specs = [layer.kv_cache_spec(dtype) for layer in layers]
-    check_kv_dtype(layers, specs, dtype, backend)
+    check_kv_dtype(layers, specs, dtype, backends)
     block_size = cache_config.block_size
     extra_bytes = extra_blocks * bytes_per_block(specs[num_target:], block_size) if extra_blocks else 0
-    num_blocks = cache_config.num_blocks or num_blocks_for_budget(specs, block_size,
-                                                                  kv_cache_budget(cache_config, device) - extra_bytes)
+    num_blocks = cache_config.num_blocks or num_blocks_for_budget(
+        specs, block_size, kv_cache_budget(cache_config, device) - reserved_bytes - extra_bytes)
     if num_blocks < 1:
+        reserved = f" after {reserved_bytes} bytes of recurrent state" if reserved_bytes else ""
         raise ValueError(
-            f"no room for a single KV block ({bytes_per_block(specs, block_size)} bytes) in the KV cache budget; "
-            "raise --kv-cache-memory or --gpu-memory-utilization"
+            f"no room for a single KV block ({bytes_per_block(specs, block_size)} bytes) in the KV cache budget"
+            f"{reserved}; raise --kv-cache-memory or --gpu-memory-utilization"
         )
     for index, (layer, spec) in enumerate(zip(layers, specs)):
         extra = extra_blocks if index >= num_target else 0
-        layer.bind(spec.allocate(num_blocks + extra, block_size, device), backend)
+        layer.bind(spec.allocate(num_blocks + extra, block_size, device), backends[layer.attention_op])
     cache = KVCache(layers, specs, num_blocks, block_size, device, extra_bytes)
     cache.clear_blocks([0])
     cache.clear_extra_blocks()

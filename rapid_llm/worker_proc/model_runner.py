@@ -1,22 +1,16 @@
 """ModelRunner: one step's scheduled chunks in, sampled tokens (and logprobs) out, without waiting for the device.
 
-It owns the model, the paged KV cache (one block of it reserved as the padding block), the sampler and the
-persistent input batch (`input_batch.py`): every slot's tokens, block table and sampling row stay on the
-device and are updated by the scheduler's deltas, so a step only gathers rows by slot index. Input ids are
-gathered from the token pool and each sampled token is written back into it on the device, so a plan never
-has to carry the token its previous step samples (what lets the scheduler plan one step ahead). Everything
-a step needs on the host is known there (lengths, block counts, sampling flags): nothing reads the device
-except the sampled ids, whose copy back `launch` defers (`PendingOutput`), so on CUDA the next step can be
-launched first. Decode steps can replay CUDA graphs (`cuda_graphs.py`) and/or run a torch.compile'd forward
-(`--enable-torch-compile`). A step is one flat batch mixing prefills, prefill chunks and decodes; only a
-request whose computed tokens reach the end of what it knows gets a token sampled (through the worker's
-grammar bitmask when it has structured output, and with its logit_bias). A chunk with drafts (speculative
-decoding) samples at each of its 1 + k positions and keeps the drafts the rejection sampler accepts plus
-one target token (`_sample_speculative`); steps without drafts take the single-token path. A worker-side proposer
-(`--speculative-config` draft_model; `drafting.py`) runs after every step and its drafts ride in the result.
-Requests that asked for
-prompt logprobs get them from the same step's hidden states (read on the host at once: the one exception).
-`step_rows` holds per-request values that wrapped layers read per token (layers/step_rows.py).
+It owns the model, its cache groups (`cache_groups.py`: paged KV, its last block the padding block, and recurrent
+state), the sampler and the persistent input batch (`input_batch.py`): every slot's tokens, block table and
+sampling row stay on the device, updated by the scheduler's deltas, so a step only gathers rows by slot index.
+Sampled tokens are written back into the token pool on the device, so a plan never carries the token its previous
+step samples (what lets the scheduler plan one step ahead); nothing reads the device except the sampled ids, whose
+copy back `launch` defers (`PendingOutput`), and prompt logprobs. Decode steps can replay CUDA graphs
+(`cuda_graphs.py`) and/or run a torch.compile'd forward. A step is one flat batch mixing prefills, prefill chunks
+and decodes; only a request whose computed tokens reach the end of what it knows samples (through its grammar
+bitmask and logit_bias). A chunk with drafts samples at each of its 1 + k positions and keeps what the rejection
+sampler accepts plus one target token (`_sample_speculative`); a worker-side proposer (`drafting.py`) runs after
+every step. `step_rows`: per-request values wrapped layers read per token (layers/step_rows.py).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
 
@@ -35,7 +29,6 @@ from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.distributed import tp_broadcast
 from rapid_llm.ipc.messages import PooledPrompt
-from rapid_llm.layers.attention import attention_op_of
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.step_rows import StepRows
@@ -43,7 +36,6 @@ from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
-from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.spec_decode.model_proposer import HiddenStateTap, KVBinding, TargetContext
@@ -51,11 +43,11 @@ from rapid_llm.spec_decode.registry import build_model_proposer, runs_in_worker
 from rapid_llm.spec_decode.rejection_sampler import accept_one_hot
 from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.utils.host_staging import to_device
+from rapid_llm.worker_proc.cache_groups import CacheGroups, select_backend
 from rapid_llm.worker_proc.cuda_graphs import DecodeBuffers, DecodeGraphs, capture_sizes
 from rapid_llm.worker_proc.deferred_output import PendingOutput, StepOutput
 from rapid_llm.worker_proc.drafting import Drafting
 from rapid_llm.worker_proc.input_batch import InputBatch
-from rapid_llm.worker_proc.kv_cache import allocate_kv_cache, attention_layers
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 from rapid_llm.worker_proc.prompt_pooling import PromptPooling
 
@@ -116,10 +108,14 @@ class ModelRunner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("weights: %.2f GiB (%s) on %s in %.2f s", self.weight_bytes / 2**30, model_config.dtype,
                     self.device, time.perf_counter() - start)
-        # One attention op per model ("attention", or "mla_attention" for latent caches): its backend builds
-        # the step's metadata once and computes every layer.
-        attention_op = attention_op_of(attention_layers(self.model))
-        self.backend = self._select_attention(attention_op)
+        # A paged group per attention op, each with its backend (which builds the step's metadata once for all its
+        # layers), and a state group for recurrent layers.
+        self.cache_groups = CacheGroups.of(
+            self.model, lambda op: select_backend(op, self.device, model_config, cache_config, self.op_choices),
+            max_num_seqs, model_config.dtype, self.device)
+        self.cache_groups.check_speculative(speculative.method if speculative is not None else None)
+        self.backend = self.cache_groups.primary_backend
+        logger.info("cache groups: %s", self.cache_groups.describe())
         proposer = None
         if speculative is not None and runs_in_worker(speculative.method):
             proposer = build_model_proposer(speculative, TargetContext(self.model, model_config, self.device,
@@ -129,9 +125,8 @@ class ModelRunner:
         # memory budget pays for it.
         allocated = cache_config if cache_config.num_blocks is None else replace(cache_config,
                                                                                  num_blocks=cache_config.num_blocks + 1)
-        self.kv_cache = allocate_kv_cache(
-            self.model, model_config, allocated, self.backend, self.device,
-            extra_layers=proposer.kv_layers() if proposer else None,
+        self.kv_cache = self.cache_groups.allocate(
+            model_config, allocated, extra_layers=proposer.kv_layers() if proposer else None,
             extra_blocks=proposer.scratch_blocks_per_slot * max_num_seqs if proposer else 0)
         if self.kv_cache.num_blocks < 2:
             raise ValueError(f"the KV cache budget holds {self.kv_cache.num_blocks} block: at least 2 are needed, "
@@ -163,19 +158,6 @@ class ModelRunner:
         """KV-cache tokens the scheduler may use (the padding block excluded)."""
         return self.num_blocks * self.cache_config.block_size
 
-    def _select_attention(self, attention_op: str) -> object:
-        """The registry's attention backend; for a quantized KV cache torch_ref when the chosen one cannot read it
-        (triton and the library adapters read only float caches, cpu_paged fp8 but not nvfp4), unless --op-backend
-        pinned it."""
-        backend = REGISTRY.select(attention_op, self.device, self.model_config.dtype_name).fn
-        kv_dtype = self.cache_config.kv_dtype(self.model_config.dtype)
-        if not backend_reads_kv(backend, kv_dtype) and attention_op not in REGISTRY.overrides:
-            reason = f"the {kv_format(kv_dtype)} KV cache is read by torch_ref only"
-            logger.debug("op %s: torch_ref (%s)", attention_op, reason)
-            self.op_choices[attention_op] = {"backend": "torch_ref", "reason": reason}
-            return REGISTRY.implementation(attention_op, "torch_ref", self.device, self.model_config.dtype_name).fn
-        return backend
-
     def _decode_model(self) -> torch.nn.Module:
         """The module decode steps run: the model, or its torch.compile'd wrapper (same weights and buffers)."""
         if not self.compilation.enable_torch_compile:
@@ -189,13 +171,20 @@ class ModelRunner:
         if self.drafting is not None and self.drafting.tap.active:
             logger.info("CUDA graphs off: the proposer reads hidden states of intermediate layers (forward hooks)")
             return None
-        if not getattr(self.backend, "supports_cuda_graphs", False):
-            logger.info("CUDA graphs off: the attention backend %s cannot be captured", type(self.backend).__name__)
+        if self.cache_groups.state is not None:
+            logger.info("CUDA graphs off: %d layers keep per-request recurrent state, whose steps (row resets, token "
+                        "loops) are not captured yet", self.cache_groups.num_state_layers)
+            return None
+        backends = self.cache_groups.backends
+        uncaptured = [type(backend).__name__ for backend in backends.values()
+                      if not getattr(backend, "supports_cuda_graphs", False)]
+        if uncaptured:
+            logger.info("CUDA graphs off: the attention backend %s cannot be captured", ", ".join(uncaptured))
             return None
         sizes = capture_sizes(min(self.compilation.cuda_graph_max_bs, max_num_seqs))
         buffers = DecodeBuffers.allocate(sizes[-1], self.input_batch.max_blocks, self.padding_block,
                                          self.cache_config.block_size, self.device)
-        graphs = DecodeGraphs(self.decode_model, self.backend, sizes, buffers, self.model_config.max_model_len)
+        graphs = DecodeGraphs(self.decode_model, backends, sizes, buffers, self.model_config.max_model_len)
         graphs.capture()
         return graphs
 
@@ -205,6 +194,7 @@ class ModelRunner:
                       params: SamplingParams) -> None:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
+        self.cache_groups.start([slot])
         self.step_rows.start(slot, params)
         self.pooling.start(slot, params)
         if self.drafting is not None:
@@ -212,6 +202,7 @@ class ModelRunner:
 
     def release(self, slots: Sequence[int]) -> None:
         self.input_batch.release(slots)
+        self.cache_groups.start(slots)
         self.step_rows.release(slots)
         self.pooling.release(slots)
         if self.drafting is not None:
@@ -398,12 +389,13 @@ class ModelRunner:
             hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
             if hidden_states is not None:
                 return hidden_states
-        attention = self.backend.build_metadata(layout, self.device)
+        attention, groups = self.cache_groups.build_metadata(layout, slots, seq_lens - query_lens, query_lens,
+                                                             slots_on_device)
         input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, attention.seq_index)
         model = self.decode_model if decode else self.model
-        return model(ForwardBatch(input_ids=input_ids, attention=attention))
+        return model(ForwardBatch(input_ids=input_ids, attention=attention, groups=groups))
 
     def _described(self, chunks: Sequence[Chunk]) -> list[ScheduledRequest]:
         """The step's chunks with their requests' prompts and parameters (for prompt logprobs)."""

@@ -11,7 +11,8 @@ asynchronous device to overlap with (the step has finished when `launch` returns
 result back would only delay the scheduler, so each result is sent at once.
 With tensor parallelism each rank first joins the torch.distributed group (rank r on cuda:r, or the CPU with
 the host's threads split between ranks); the ranks agree on the smallest KV-cache block count, which rank 0
-reports to the scheduler. `RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py).
+reports to the scheduler with the number of recurrent-state layers (cache_groups.py).
+`RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
         num_blocks = tp_min(runner.num_blocks)
         if results is not None:
-            results.send(WorkerReady(num_kv_blocks=num_blocks, kv_window=runner.kv_cache.window))
+            results.send(WorkerReady(num_kv_blocks=num_blocks, kv_window=runner.kv_cache.window,
+                                     num_state_layers=runner.cache_groups.num_state_layers))
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
                              "ops": runner.op_choices,

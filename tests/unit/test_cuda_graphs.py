@@ -71,6 +71,6 @@ def test_fill_refuses_a_step_larger_than_the_bucket_or_not_one_token_per_sequenc
 
 def test_capture_off_cuda_says_why() -> None:
     buffers = DecodeBuffers.allocate(2, 5, PADDING_BLOCK, BLOCK_SIZE, torch.device("cpu"))
-    graphs = DecodeGraphs(lambda batch: batch.input_ids, TORCH_REF_BACKEND, [1, 2], buffers, 20)
+    graphs = DecodeGraphs(lambda batch: batch.input_ids, {"attention": TORCH_REF_BACKEND}, [1, 2], buffers, 20)
     with pytest.raises(RuntimeError, match="need a CUDA device.*--enforce-eager"):
         graphs.capture()

@@ -1,21 +1,20 @@
-"""Per-layer KV-cache specs: what one attention layer stores per token, and so its paged tensor's shape.
+"""Per-layer cache specs: what one layer stores, and so its tensors' shapes.
 
-Every layer declares one (`kv_cache_spec(dtype)`): full attention keeps K and V per KV head
-([2, blocks, block_size, kv_heads, head_dim]); MLA keeps one latent vector per token, the compressed
-KV plus the rope key ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]); DeepSeek-V4 one row per token
-holding its shared K=V, its compressors' inputs and, on a window's last token, the compressed entry
-(`DeepseekV4Spec`). A full-attention spec may be fp8 (`kv_quant.py`): one byte per element, so twice
-the tokens of bf16 per byte, and it carries the layer's K/V scales; or nvfp4 (uint8): each head's row is
-head_dim / 2 bytes of e2m1 codes then head_dim / 16 fp8 group scales, 0.5625 bytes per element, so 3.56x the
-tokens of bf16. All layers share block
-ids, so one block costs the sum of every layer's bytes for it, and the block count a byte budget
-buys follows from that sum. The layout here is the contract between the worker that allocates and
-the backends that read it.
-Usage: `num_blocks_for_budget(specs, block_size, budget)`; `spec.allocate(num_blocks, block_size, device)`.
+Paged layers declare a `KVCacheSpec` (`kv_cache_spec(dtype)`): full attention keeps K and V per KV head
+([2, blocks, block_size, kv_heads, head_dim]; fp8 or nvfp4 storage with `kv_quant.py`), MLA one latent per
+token ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]), DeepSeek-V4 one row per token holding its K=V and
+its compressors' inputs and entries (`DeepseekV4Spec`). All paged layers share block ids, so one block costs the
+sum of every paged layer's bytes for it, and a byte budget buys blocks by that sum. A recurrent layer (Gated
+DeltaNet, Mamba) declares a `StateSpec` instead: fixed-size state per request, one row per input-batch slot,
+whatever the context length. The layouts here are the contract between the worker that allocates and the
+backends and layers that read them.
+Usage: `num_blocks_for_budget(specs, block_size, budget)`; `spec.allocate(num_blocks, block_size, device)`;
+`state_spec.allocate(num_slots, device)`.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -131,6 +130,28 @@ class DeepseekV4Spec(KVCacheSpec):
 
     def page_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (num_blocks, block_size, self.elements_per_token)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A recurrent layer's per-request state: one tensor [slots, *shape] per entry of `shapes` (Mamba keeps a conv
+    and an SSM state, a linear-attention layer one matrix), a row per input-batch slot. Not paged: its size does not
+    grow with the context, so it is sized once for every slot before the paged layers get the rest of the budget."""
+
+    dtype: torch.dtype
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.shapes or any(not shape or min(shape) < 1 for shape in self.shapes):
+            raise ValueError(f"a state spec needs at least one state shape of positive sizes, got {self.shapes}")
+
+    def bytes_per_slot(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return element * sum(math.prod(shape) for shape in self.shapes)
+
+    def allocate(self, num_slots: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        # Zeroed (a few rows, unlike the KV cache): a row is reset again whenever a sequence starts at token 0.
+        return tuple(torch.zeros((num_slots, *shape), dtype=self.dtype, device=device) for shape in self.shapes)
 
 
 def kv_window(specs: Sequence[KVCacheSpec]) -> int | None:

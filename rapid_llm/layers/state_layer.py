@@ -1,0 +1,55 @@
+"""Layers that keep per-request recurrent state (Gated DeltaNet, Mamba) beside paged attention layers.
+
+A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates its tensors, each
+[max_num_seqs + 1, *shape]: a row per input-batch slot (the scheduler's slot allocator is the state allocator),
+the last row for padded rows. Each step the group builds one `StateMetadata` for all state layers, which a layer
+reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the
+forward: a layer only reads and updates its sequences' rows, so chunked prefill carries state from chunk to
+chunk and a request recomputed after preemption starts afresh. State is not per block, so it cannot be shared by
+prefix-cache hits, rolled back (speculative decoding) or forked (beam search); the worker and scheduler refuse those.
+Usage: subclass, implement `state_spec(dtype)`; in `forward`, `states = self.bound()`, `metadata =
+batch.metadata_for(self)`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rapid_llm.ops.attention.kv_cache_spec import StateSpec
+
+STATE_GROUP = "state"  # the cache group every state layer belongs to
+
+
+@dataclass
+class StateMetadata:
+    """Device tensors every state layer reads in one forward (tokens are flat, sequence after sequence)."""
+
+    slots: torch.Tensor  # [num_seqs] int64: each sequence's state row (its input-batch slot)
+    token_slots: torch.Tensor  # [num_tokens] int64: the state row of each token's sequence
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int64: where each sequence's tokens start
+    has_initial_state: torch.Tensor  # [num_seqs] bool: False where the chunk starts at token 0 (row zeroed)
+    max_query_len: int  # the most tokens one sequence computes (host int: a token-by-token loop's bound)
+
+
+class StateLayer(nn.Module, ABC):
+    cache_group = STATE_GROUP
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: tuple[torch.Tensor, ...] | None = None
+
+    @abstractmethod
+    def state_spec(self, dtype: torch.dtype) -> StateSpec:
+        """What this layer keeps per request, given the model dtype."""
+
+    def bind(self, states: tuple[torch.Tensor, ...]) -> None:
+        self.states = states
+
+    def bound(self) -> tuple[torch.Tensor, ...]:
+        if self.states is None:
+            raise RuntimeError("state layer used before the worker bound it to its state tensors")
+        return self.states

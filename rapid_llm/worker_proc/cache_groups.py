@@ -1,0 +1,194 @@
+"""Cache groups: the model's cache-holding layers grouped by what they keep, each with its backend, memory share
+and step metadata (vLLM's KV-cache groups).
+
+Paged groups, one per attention op ("attention", "mla_attention", "dsv4_attention"), keep KV per token in blocks;
+each has the backend the op registry selected and builds its metadata once per step. Every paged group shares the
+scheduler's block ids and one block table (separate block pools per group, which models mixing full and windowed
+layers need, are a later step). The state group holds recurrent layers' per-request state (layers/state_layer.py).
+Budget: state rows are sized first -- max_num_seqs + 1 (a padding row) per state layer, fixed whatever the context
+-- and the paged groups share the rest by block (a block id costs every paged layer's bytes for it). A model with a
+state group gets no prefix-cache hits, speculative decoding, beam search or CUDA graphs (state cannot be shared
+per block, rolled back, forked, or its step captured yet); the worker reports the group in WorkerReady.
+Usage: `groups = CacheGroups.of(model, select, max_num_seqs, dtype, device)`; `kv_cache = groups.allocate(
+model_config, cache_config)`; per step `attention, metadata = groups.build_metadata(layout, slots, ...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from rapid_llm.config import CacheConfig, ModelConfig
+from rapid_llm.layers.attention import PagedAttentionLayer
+from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer, StateMetadata
+from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build_common_metadata
+from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
+from rapid_llm.ops.registry import REGISTRY
+from rapid_llm.utils.host_staging import to_device
+from rapid_llm.worker_proc.kv_cache import KVCache, allocate_kv_cache
+
+logger = logging.getLogger(__name__)
+
+
+def select_backend(op: str, device: torch.device, model_config: ModelConfig, cache_config: CacheConfig,
+                   op_choices: dict[str, dict[str, str]]) -> Any:
+    """The registry's backend for a paged op; for a quantized KV cache torch_ref when the chosen one cannot read it
+    (triton and the library adapters read only float caches, cpu_paged fp8 but not nvfp4), unless --op-backend
+    pinned it. `op_choices` (what the worker reports) records the substitution."""
+    backend = REGISTRY.select(op, device, model_config.dtype_name).fn
+    kv_dtype = cache_config.kv_dtype(model_config.dtype)
+    if not backend_reads_kv(backend, kv_dtype) and op not in REGISTRY.overrides:
+        reason = f"the {kv_format(kv_dtype)} KV cache is read by torch_ref only"
+        logger.debug("op %s: torch_ref (%s)", op, reason)
+        op_choices[op] = {"backend": "torch_ref", "reason": reason}
+        return REGISTRY.implementation(op, "torch_ref", device, model_config.dtype_name).fn
+    return backend
+
+
+@dataclass
+class PagedGroup:
+    op: str  # the attention op of its layers, and the group's name
+    layers: list[PagedAttentionLayer]
+    backend: Any
+
+
+class StateGroup:
+    """Every state layer's tensors, a row per input-batch slot plus the padding row, and per slot the number of
+    tokens its state has folded in (host), which a step must continue from or restart at 0."""
+
+    def __init__(self, layers: list[StateLayer], max_num_seqs: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.layers = layers
+        self.specs = [layer.state_spec(dtype) for layer in layers]
+        self.num_slots = max_num_seqs + 1
+        self.device = device
+        self.num_tokens = np.zeros(self.num_slots, dtype=np.int64)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_slots * sum(spec.bytes_per_slot() for spec in self.specs)
+
+    def allocate(self) -> None:
+        for layer, spec in zip(self.layers, self.specs):
+            layer.bind(spec.allocate(self.num_slots, self.device))
+
+    def start(self, slots: Sequence[int]) -> None:
+        """Forget what these slots' states folded in (a request left or entered them)."""
+        self.num_tokens[list(slots)] = 0
+
+    def build_metadata(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray,
+                       slots_on_device: torch.Tensor, common: AttentionMetadata) -> StateMetadata:
+        """The step's state metadata; zeroes the rows of sequences starting at token 0. A chunk starting elsewhere
+        must continue exactly where its slot's state stopped: state cannot be restored from cached blocks or
+        rolled back, so anything else would be wrong output, and is refused."""
+        stale = (starts != 0) & (starts != self.num_tokens[slots])
+        if stale.any():
+            row = int(np.flatnonzero(stale)[0])
+            raise ValueError(f"slot {slots[row]}: the step continues from token {starts[row]}, but its recurrent "
+                             f"state holds {self.num_tokens[slots[row]]} tokens (state is neither cached per block "
+                             "nor rolled back: a chunk must start at 0 or where the state stopped)")
+        fresh = starts == 0
+        fresh_slots, has_initial_state = to_device(
+            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64))], self.device)
+        if fresh.any():
+            for layer in self.layers:
+                for tensor in layer.bound():
+                    tensor.index_fill_(0, fresh_slots, 0)
+        self.num_tokens[slots] = starts + query_lens
+        return StateMetadata(slots_on_device, slots_on_device[common.seq_index], common.query_start_loc,
+                             has_initial_state.bool(), int(query_lens.max()))
+
+
+class CacheGroups:
+    def __init__(self, paged: list[PagedGroup], state: StateGroup | None, max_num_seqs: int,
+                 device: torch.device) -> None:
+        self.paged = paged
+        self.state = state
+        self.max_num_seqs = max_num_seqs
+        self.device = device
+
+    @classmethod
+    def of(cls, model: nn.Module, select: Callable[[str], Any], max_num_seqs: int, dtype: torch.dtype,
+           device: torch.device) -> CacheGroups:
+        """Group `model`'s cache-holding layers: a paged group per attention op (in the order the ops first
+        appear, each with `select(op)` as its backend), one state group for the recurrent layers."""
+        by_op: dict[str, list[PagedAttentionLayer]] = {}
+        state_layers: list[StateLayer] = []
+        for module in model.modules():
+            if isinstance(module, PagedAttentionLayer):
+                by_op.setdefault(module.attention_op, []).append(module)
+            elif isinstance(module, StateLayer):
+                state_layers.append(module)
+        if not by_op and not state_layers:
+            raise ValueError(f"{type(model).__name__} has no cache-holding layers (paged attention or recurrent "
+                             "state): rapid_llm serves decoder models only")
+        paged = [PagedGroup(op, layers, select(op)) for op, layers in by_op.items()]
+        state = StateGroup(state_layers, max_num_seqs, dtype, device) if state_layers else None
+        return cls(paged, state, max_num_seqs, device)
+
+    @property
+    def backends(self) -> dict[str, Any]:
+        return {group.op: group.backend for group in self.paged}
+
+    @property
+    def primary_backend(self) -> Any:
+        """The first paged group's backend: what a worker-side proposer builds its metadata with (None: no paged
+        group)."""
+        return self.paged[0].backend if self.paged else None
+
+    @property
+    def num_state_layers(self) -> int:
+        return len(self.state.layers) if self.state is not None else 0
+
+    def describe(self) -> str:
+        groups = [f"{group.op} ({len(group.layers)} layers, {type(group.backend).__name__})" for group in self.paged]
+        if self.state is not None:
+            groups.append(f"{STATE_GROUP} ({len(self.state.layers)} layers, {self.state.num_bytes / 2**20:.2f} MiB)")
+        return ", ".join(groups)
+
+    def start(self, slots: Sequence[int]) -> None:
+        """A request left or entered these slots: their state (if the model keeps any) starts afresh."""
+        if self.state is not None:
+            self.state.start(slots)
+
+    def check_speculative(self, method: str | None) -> None:
+        """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet."""
+        if method is not None and self.state is not None:
+            raise ValueError(
+                f"--speculative-config ({method}) is refused for this model: its {self.num_state_layers} recurrent "
+                "layers fold every token, rejected drafts too, into per-request state, which cannot be rolled back "
+                "yet; serve it without --speculative-config")
+
+    def allocate(self, model_config: ModelConfig, cache_config: CacheConfig,
+                 extra_layers: list[PagedAttentionLayer] | None = None, extra_blocks: int = 0) -> KVCache:
+        """Allocate the state rows first, then the paged layers (and a proposer's `extra_layers`) from the rest of
+        the budget. Without paged layers blocks cost nothing, so there are enough for every slot's whole context."""
+        reserved = 0
+        if self.state is not None:
+            self.state.allocate()
+            reserved = self.state.num_bytes
+        backends = self.backends
+        missing = sorted({layer.attention_op for layer in extra_layers or []} - set(backends))
+        if missing:
+            raise ValueError(f"the proposer's layers use {missing}, which the target's layers do not: its step "
+                             "metadata comes from the target's backend")
+        if not self.paged and cache_config.num_blocks is None:
+            blocks_per_slot = -(-model_config.max_model_len // cache_config.block_size)
+            cache_config = replace(cache_config, num_blocks=self.max_num_seqs * blocks_per_slot + 1)
+        layers = [layer for group in self.paged for layer in group.layers]
+        return allocate_kv_cache(layers, backends, model_config, cache_config, self.device, reserved, extra_layers,
+                                 extra_blocks)
+
+    def build_metadata(self, layout: StepLayout, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray,
+                       slots_on_device: torch.Tensor) -> tuple[AttentionMetadata, dict[str, Any]]:
+        """Every group's metadata for one step, keyed by group name, and the metadata `ForwardBatch.attention` holds
+        (the first paged group's, else the common positions and lengths)."""
+        metadata: dict[str, Any] = {group.op: group.backend.build_metadata(layout, self.device) for group in self.paged}
+        attention = next(iter(metadata.values())) if metadata else build_common_metadata(layout, self.device)
+        if self.state is not None:
+            metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, slots_on_device, attention)
+        return attention, metadata
