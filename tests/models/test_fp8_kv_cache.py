@@ -73,16 +73,37 @@ def test_random_tiny_llama_with_an_fp8_cache_beside_bf16(tiny_checkpoint, attent
     assert agree >= 15, agree  # measured 24 of 96
 
 
+def demo_agreement(bf16: ModelRunner, quantized: ModelRunner, prompts: list[list[int]],
+                   near_tie: float) -> tuple[float, list[tuple[int, float]]]:
+    """(top-1 agreement at every prompt position, and per greedy path that parts from bf16's: where, and bf16's own
+    top-2 logit margin there). A quantized cache may flip a near tie, after which the paths are unrelated: the
+    check is that paths part only at near ties, not that they never part."""
+    agreement = torch.cat([(ours.argmax(-1) == reference.argmax(-1)).flatten() for ours, reference
+                           in zip(prefill_logits(quantized, prompts), prefill_logits(bf16, prompts))])
+    partings = []
+    for prompt, ours, reference in zip(prompts, _greedy(quantized, prompts), _greedy(bf16, prompts)):
+        index = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), None)
+        if index is not None:
+            top = prefill_logits(bf16, [prompt + reference[:index]])[0][-1].topk(2).values
+            partings.append((index, (top[0] - top[1]).item()))
+    assert all(margin < near_tie for _, margin in partings), (partings, near_tie)
+    return agreement.float().mean().item(), partings
+
+
 def test_trained_demo_model_with_an_fp8_cache_beside_bf16() -> None:
-    """The trained demo model (|K| <= 8.5, |V| <= 4.5 on held-out text): logits move by 0.013 on average (mean
-    |logit| 2.4) and greedy tokens all agree (measured on 8 prompts: 256 of 256; perplexity 72.83 -> 72.84)."""
+    """The trained demo model (retrained 2026-12-05) on held-out text: logits move by 0.025 on average, 0.27 at most;
+    top-1 agrees at 98.4 % of prompt positions; of 3 greedy paths of 32 tokens two parted from bf16's, each at a tie
+    of bf16's own logits (top-2 margin 0.031, one bf16 step). The model before it agreed on 256 of 256 tokens."""
     checkpoint = DEMO_ROOT / "target"
     bf16, fp8 = _runner(checkpoint, "auto"), _runner(checkpoint, "fp8")
     tokens = AutoTokenizer.from_pretrained(str(checkpoint))(HELD_OUT.read_text()[:8000])["input_ids"]
     prompts = [tokens[i * 64:(i + 1) * 64] for i in range(3)]
-    largest, mean, agree = _compare(bf16, fp8, prompts)
+    largest, mean, _ = _compare(bf16, fp8, prompts)
     assert largest < 1.0 and mean < 0.05, (largest, mean)
-    assert agree == NEW_TOKENS * len(prompts), agree
+    agreement, partings = demo_agreement(bf16, fp8, prompts, near_tie=0.07)
+    print(f"demo fp8 KV: max {largest:.3f}, mean {mean:.4f} |logit difference|, top-1 {agreement:.3f}, "
+          f"paths parted (index, bf16 margin) {partings}")
+    assert agreement >= 0.95, agreement
 
 
 def test_an_fp8_cache_holds_twice_the_tokens_of_bf16_in_the_same_memory(tiny_checkpoint) -> None:
