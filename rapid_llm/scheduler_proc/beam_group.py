@@ -5,9 +5,10 @@ prefilled once (the request's own chunks); each round a child beam takes a refer
 parent. Full blocks are never written again, so they stay shared; a parent's partial last block is written
 by the next step, so the first child takes it over and every other child gets a fresh block that the worker
 fills by copying the parent's (copy-on-write, `BlockCopy`) before that step. A parent with no child drops
-its references. The group reserves its W slots at admission and keeps them until it ends: the first child
+its references. The group gets its W slots at admission (`restart`) and keeps them until it ends: the first child
 continues in its parent's slot (the worker is only told its chosen token, `LastToken`), other children
-re-enter a freed slot with their whole token list (`NewRequest`). Usage: `start` after the prefill's result,
+re-enter a freed slot with their whole token list (`NewRequest`). Usage: `restart(slots)` at each admission,
+`start` after the prefill's result,
 `plan_step` per step; per result, each beam's logprobs go into `round` and `advance_round` ranks and forks once
 every beam's are in; `release` frees everything.
 """
@@ -56,7 +57,7 @@ class BeamGroup:
                                                      use_beam_search=False, beam_width=None)
         self.slots: list[int] = []  # all W reserved slots
         self.beams: list[Beam] = []
-        self.in_flight = False  # a step that samples for the group is planned and its result not processed
+        self.in_flight = False  # a round (`plan_step`) is planned and its result not processed
         # The round in flight's top logprobs by slot, as its result's tokens are taken, until `advance_round`.
         self.round: dict[int, TokenLogprobs | None] = {}
         self._params = params
@@ -170,15 +171,16 @@ class BeamGroup:
         return step
 
     def release(self, blocks: BlockManager) -> None:
-        """Drop every block reference (last blocks first); the slots stay in `slots` for the caller."""
+        """Drop every block reference (last blocks first) and the slots (the caller has returned them)."""
         for beam in self.beams:
             blocks.free(reversed(beam.block_ids))
         self.beams = []
+        self.slots = []
         self.in_flight = False
 
-    def reset(self) -> None:
-        """Start over (after preemption): a fresh search, no slots."""
+    def restart(self, slots: list[int]) -> None:
+        """Start over in `slots` (at each admission, after a preemption too): a fresh search, no beams yet."""
         self.search = BeamSearch(self._params, self._max_new_tokens, self._eos_token_ids)
-        self.slots = []
+        self.slots = list(slots)
         self.beams = []
         self.in_flight = False

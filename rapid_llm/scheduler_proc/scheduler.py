@@ -2,15 +2,15 @@
 
 Pure bookkeeping: no sockets, no tensors. `Scheduler` is what the process loop calls: requests in
 (`add_request`, `abort_request`), a plan per step (`schedule`, here), its result back (`process_result`,
-`step_results.py`), outputs out (`take_outputs`, `scheduler_state.py`). Key design choice: a running request's
-step is what its step policy asks for and its result is what that policy takes (`step_policy.py`: plain,
-speculative, beam), so neither loop branches per request kind. A plan may be made before the previous step's
-tokens are known (async scheduling): its record (`plan_record.py`) says which request, in which epoch, held each
-sampling slot. With prefix caching, a request is admitted with its longest run of cached full blocks and
-computes only the rest. A beam-search group (`beam_group.py`) or a speculating request (`speculation.py`) waits
-for its previous result before its next step while other requests keep overlapping. A cost model fitted to
-measured step times (`step_cost.py`) shapes prompt chunks: a long step where a prompt ends takes no other
-prompt, and with an ITL target a step carrying decodes takes only the prompt tokens that fit it.
+`step_results.py`), outputs out (`take_outputs`, `scheduler_state.py`). Key design choice: what a request takes
+to be admitted, each step it runs and the resources it holds are what its step policy says (`step_policy.py`:
+plain, speculative, beam; chosen once, in `policy_for`), so no loop branches per request kind. A plan may be
+made before the previous step's tokens are known (async scheduling): its record (`plan_record.py`) says which
+request, in which epoch, held each sampling slot. With prefix caching, a request is admitted with its longest
+run of cached full blocks and computes only the rest. A beam-search group (`beam_group.py`) or a speculating
+request (`speculation.py`) waits for its previous result before its next step while others keep overlapping. A
+cost model fitted to measured step times (`step_cost.py`) shapes prompt chunks: a long step where a prompt ends
+takes no other prompt, and with an ITL target a step carrying decodes takes only the prompt tokens that fit it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import heapq
 import logging
 
 from rapid_llm.ipc.messages import DetokenizeRequest, GenerateRequest, NewRequest, ScheduledChunk, StepPlan
+from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.plan_record import PlanDraft, StepRecord
@@ -137,8 +138,7 @@ class Scheduler(StepResults):
         if window is None:
             return
         for request in self._running:
-            if request.beam is None:
-                self._blocks.free(request.release_blocks_before(request.num_computed_tokens - window))
+            request.policy.free_behind_window(self, request, request.num_computed_tokens - window)
 
     def policy_for(self, request: RequestState) -> StepPolicy:
         """The step policy a new request runs under (step_policy.py)."""
@@ -151,38 +151,39 @@ class Scheduler(StepResults):
         return StepAsk(num_new, self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new))
 
     def _schedule_waiting(self, draft: PlanDraft) -> None:
+        """Admit waiting requests in order with what their step policies ask for (`admit`, then `start`)."""
         while self._waiting and draft.budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
-            # A beam group reserves a slot per beam when it is admitted.
-            num_slots = 1 if request.beam is None else request.beam.width
-            if len(self._free_slots) < num_slots:
-                return
-            hits = self._prefix_cache.lookup(request)
-            num_computed = len(hits) * self.config.block_size
-            num_new = self.num_new_tokens(request, num_computed, draft)
-            # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
-            num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
+            ask = request.policy.admit(self, request, draft)
             # FCFS: nobody overtakes a request that cannot be admitted yet.
-            if num_new == 0 or not self._blocks.can_allocate(num_blocks):
+            if ask is None or len(self._free_slots) < ask.num_slots or not self._blocks.can_allocate(ask.num_blocks):
                 return
             self._waiting.popleft()
-            self._prefix_cache.take(request, hits)
+            self._prefix_cache.take(request, ask.cached_block_ids)
             request.mark_scheduled()
             request.status = RequestStatus.RUNNING
-            request.slot = heapq.heappop(self._free_slots)
-            if request.beam is not None:
-                request.beam.slots = [request.slot] + [heapq.heappop(self._free_slots) for _ in range(num_slots - 1)]
+            slots = [heapq.heappop(self._free_slots) for _ in range(ask.num_slots)]
             self._running.append(request)
-            draft.new_requests.append(
-                NewRequest(
-                    request_id=request.request_id,
-                    slot=request.slot,
-                    token_ids=request.known_token_ids(),
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    params=request.params if request.beam is None else request.beam.worker_params,
-                )
-            )
-            self.add_chunk(draft, request, num_new, cached_block_ids=hits)
+            request.policy.start(self, request, draft, ask, slots)
+
+    def admission_ask(self, request: RequestState, draft: PlanDraft, num_slots: int) -> StepAsk | None:
+        """The first chunk after the request's prefix-cache hits, with the blocks it needs and `num_slots` slots;
+        None when no token can be computed this step."""
+        hits = self._prefix_cache.lookup(request)
+        num_computed = len(hits) * self.config.block_size
+        num_new = self.num_new_tokens(request, num_computed, draft)
+        if num_new == 0:
+            return None
+        # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
+        num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
+        return StepAsk(num_new, num_blocks, num_slots=num_slots, cached_block_ids=hits)
+
+    def start_request(self, draft: PlanDraft, request: RequestState, slot: int, params: SamplingParams) -> None:
+        """The request enters `slot` with its known tokens; the worker samples for it with `params`."""
+        request.slot = slot
+        draft.new_requests.append(NewRequest(request_id=request.request_id, slot=slot,
+                                             token_ids=request.known_token_ids(),
+                                             num_prompt_tokens=request.num_prompt_tokens, params=params))
 
     def num_new_tokens(self, request: RequestState, num_computed: int, draft: PlanDraft) -> int:
         """Tokens to compute for `request` this step; 0 when its next sample would pass a limit."""
@@ -218,8 +219,6 @@ class Scheduler(StepResults):
             # The worker samples here; the next plan may already decode that token from its pool.
             request.num_placeholders += 1
             draft.samplers[request.slot] = (request, request.epoch)
-            if request.beam is not None:
-                request.beam.in_flight = True
 
     def drafts_after(self, request: RequestState) -> bool:
         """Whether the request drafts after its next step (it speculates and the speed gate is open)."""

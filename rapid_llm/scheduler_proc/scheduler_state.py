@@ -4,8 +4,9 @@ and the moves that end or restart a request (finish, fail, preempt).
 Key design choice: a request's resources go back the moment it ends or is preempted (blocks to the pool, full
 ones staying in the prefix cache; slots to the next plan's released list), because the worker runs steps in
 order, so no later step reads them; a result that still names the request is recognised as stale by its epoch.
-Planning (`scheduler.py`) and taking results (`step_results.py`) are layers on this state; callers use the one
-class on top, `Scheduler`.
+Which slots and blocks a request holds, and how they go back, is its step policy's (`slots_of`, `blocks_of`,
+`release`), which uses `block_manager` and `release_slots` here. Planning (`scheduler.py`) and taking results
+(`step_results.py`) are layers on this state; callers use the one class on top, `Scheduler`.
 """
 
 from __future__ import annotations
@@ -79,11 +80,8 @@ class SchedulerState:
     def _requeue(self, request: RequestState) -> None:
         """Back to the front of the queue, to be recomputed from scratch."""
         self._running.remove(request)
-        self._release_resources(request)
+        request.policy.release(self, request)
         request.reset_for_recompute()
-        if request.beam is not None:
-            # Nothing of a beam search was sent yet: it restarts from its prompt (usually cached blocks).
-            request.beam.reset()
         self._waiting.appendleft(request)
 
     def _fail(self, request: RequestState, error: str) -> None:
@@ -93,15 +91,15 @@ class SchedulerState:
         hits), and the KV they wrote from them is wrong too; all of them are recomputed, and every
         block involved leaves the prefix cache. This may recompute more than needed; failures are rare.
         """
-        suspect = set(self._blocks_of(request))
+        suspect = set(request.policy.blocks_of(request))
         request.error, request.error_kind = error, "internal"
         self._finish(request, "abort", None)
-        readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
+        readers = [other for other in self._running if suspect.intersection(other.policy.blocks_of(other))]
         while readers:
             for reader in readers:
-                suspect.update(self._blocks_of(reader))
+                suspect.update(reader.policy.blocks_of(reader))
                 self._requeue(reader)
-            readers = [other for other in self._running if suspect.intersection(self._blocks_of(other))]
+            readers = [other for other in self._running if suspect.intersection(other.policy.blocks_of(other))]
         self._blocks.uncache(suspect)
 
     def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
@@ -109,40 +107,25 @@ class SchedulerState:
             self._waiting.remove(request)
         else:
             self._running.remove(request)
-        self._release_resources(request)
+        request.policy.release(self, request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = finish_reason
         request.stop_reason = stop_reason
         del self._requests[request.request_id]
         self._updated[request] = None
 
-    def _release_resources(self, request: RequestState) -> None:
-        """Free blocks now (the worker runs steps in order, so no later step reads them) and the slot.
+    # ---- resources, for the step policies' `release` and `free_behind_window` -------------------
 
-        Full blocks stay cached; freeing the last block first makes the prefix's tail evicted first.
-        """
-        self._blocks.free(reversed(request.held_block_ids()))
-        request.block_ids = []
-        for slot in self._slots_of(request):
+    @property
+    def block_manager(self) -> BlockManager:
+        return self._blocks
+
+    def release_slots(self, slots: list[int]) -> None:
+        """Slots free for the next admission; the next plan tells the worker, and no cut is owed for them."""
+        for slot in slots:
             heapq.heappush(self._free_slots, slot)
             self._released_slots.append(slot)
             self._rollbacks.pop(slot, None)
-        request.slot = None
-        if request.beam is not None:
-            request.beam.release(self._blocks)
-            request.beam.slots = []
-
-    @staticmethod
-    def _slots_of(request: RequestState) -> list[int]:
-        if request.beam is not None:
-            return list(request.beam.slots)
-        return [] if request.slot is None else [request.slot]
-
-    @staticmethod
-    def _blocks_of(request: RequestState) -> list[int]:
-        if request.beam is not None and request.beam.started:
-            return list(request.beam.block_ids())
-        return request.held_block_ids()
 
     # ---- outputs and introspection -----------------------------------------------------------
 

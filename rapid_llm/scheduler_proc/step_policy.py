@@ -1,16 +1,16 @@
-"""Step policies: what a running request asks of each step and how it takes the result, one per request kind.
+"""Step policies: a request's lifecycle in the scheduler, one per request kind, so the scheduler never branches on it.
 
-The scheduler's loops are the same for every request. Planning asks the policy for this step's tokens and blocks
-(None: nothing this step), preempts until the blocks fit, then lets the policy add its chunks to the plan; the
-result hands each of the request's sampled slots to `take`, then calls `end_step` once all slots of the step
-are taken. Plain decoding asks for the next prompt chunk or one decode token and appends its token; speculative
-decoding asks for one token plus its drafts (nothing while the accepted count of its previous drafts is unknown)
-and keeps the accepted ones; beam search asks for one token per beam once its prompt is done (nothing while a
-round is in flight), collects every beam's logprobs in `take` and ranks the round once in `end_step`. A new
-lifecycle (e.g. a request whose KV arrives from a remote prefill) is a new policy returned by
-`Scheduler.policy_for`, not a branch in the loops. Usage: `ask = policy.ask(scheduler, request, draft)`,
-`policy.add(scheduler, request, draft, ask)`; per result `policy.take(scheduler, request, slot, index, result)`,
-then `policy.end_step(scheduler, request)`.
+Admission: `admit` says what starting this step takes (slots, tokens, blocks, prefix hits; None: not now, and
+nobody behind it starts either), the scheduler checks the slots and blocks and pops the slots, `start` tells the
+worker and adds the first chunk. Each step: `ask` (None: nothing this step), preemption until the blocks fit, `add`.
+Each result: `take` per sampled slot, then `end_step` once all are taken. Resources: `slots_of`, `blocks_of`,
+`free_behind_window`, `release` (at the end or a preemption). Plain decoding asks for the next prompt chunk or one
+token; speculative decoding one token plus drafts (nothing while its previous drafts' accepted count is unknown);
+beam search holds W slots from admission, asks for one token per beam once its prompt is done (nothing while a
+round is in flight), collects every beam's logprobs in `take` and ranks the round in `end_step`. Key design choice:
+a new lifecycle (e.g. a request whose KV a remote prefill fills: blocks at admission, no decode before the KV
+arrives) is a new policy returned by `Scheduler.policy_for`, not a branch in the loops. Usage: the scheduler
+calls these; a policy moves requests with the scheduler's public methods (`add_chunk`, `add_tokens`, ...).
 """
 
 from __future__ import annotations
@@ -27,15 +27,49 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepAsk:
-    """What a request takes from this step: tokens of the budget, new KV blocks, and drafts to verify."""
+    """What a request takes from this step: tokens of the budget, new KV blocks, and drafts to verify; when it is
+    admitted, also its slots and the prefix-cache hits it starts from."""
 
     num_new: int
     num_blocks: int
     drafts: list[int] = field(default_factory=list)
+    num_slots: int = 0
+    cached_block_ids: list[int] = field(default_factory=list)
 
 
 class StepPolicy:
     """Plain decoding: the next prompt chunk (under the budget and the step cost's cuts) or one decode token."""
+
+    def admit(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
+        """What starting this step takes; None: not this step (first come, first served: nobody overtakes it)."""
+        return scheduler.admission_ask(request, draft, num_slots=1)
+
+    def start(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft, ask: StepAsk,
+              slots: list[int]) -> None:
+        """Admitted with `slots` (`ask.num_slots` free ones, now held): tell the worker, add the first chunk."""
+        scheduler.start_request(draft, request, slots[0], request.params)
+        scheduler.add_chunk(draft, request, ask.num_new, cached_block_ids=ask.cached_block_ids)
+
+    def slots_of(self, request: RequestState) -> list[int]:
+        """The slots it holds; `release` returns them."""
+        return [] if request.slot is None else [request.slot]
+
+    def blocks_of(self, request: RequestState) -> list[int]:
+        """The KV blocks it holds, a shared one once per reference."""
+        return request.held_block_ids()
+
+    def free_behind_window(self, scheduler: Scheduler, request: RequestState, position: int) -> None:
+        """Every layer's window has passed `position`: the blocks wholly before it go back to the pool."""
+        scheduler.block_manager.free(request.release_blocks_before(position))
+
+    def release(self, scheduler: Scheduler, request: RequestState) -> None:
+        """It ended or is preempted: its blocks and slots go back now (the worker runs steps in order, so no later
+        step reads them). Full blocks stay cached; freeing the last block first makes the prefix's tail evicted
+        first."""
+        scheduler.block_manager.free(reversed(request.held_block_ids()))
+        request.block_ids = []
+        scheduler.release_slots(self.slots_of(request))
+        request.slot = None
 
     def ask(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
         num_new = scheduler.num_new_tokens(request, request.num_computed_tokens, draft)
@@ -75,12 +109,40 @@ class SpeculativePolicy(StepPolicy):
 
 
 class BeamPolicy(StepPolicy):
-    """Prompt chunks as plain decoding; then one token per beam, one round in flight at a time."""
+    """W slots from admission to the end; prompt chunks as plain decoding, then one token per beam, one round in
+    flight at a time."""
+
+    def admit(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
+        # A slot per beam, reserved up front: a round must never wait for slots held by others.
+        return scheduler.admission_ask(request, draft, num_slots=request.beam.width)
+
+    def start(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft, ask: StepAsk,
+              slots: list[int]) -> None:
+        # Nothing of a beam search is sent before it ends, so each admission (a preemption's too) starts it afresh;
+        # the prompt is prefilled once, in the first slot.
+        request.beam.restart(slots)
+        scheduler.start_request(draft, request, slots[0], request.beam.worker_params)
+        scheduler.add_chunk(draft, request, ask.num_new, cached_block_ids=ask.cached_block_ids)
+
+    def slots_of(self, request: RequestState) -> list[int]:
+        return list(request.beam.slots)
+
+    def blocks_of(self, request: RequestState) -> list[int]:
+        # Once started, the prompt's blocks belong to the beams.
+        return list(request.beam.block_ids()) if request.beam.started else request.held_block_ids()
+
+    def free_behind_window(self, scheduler: Scheduler, request: RequestState, position: int) -> None:
+        """Nothing: the prompt's blocks become the root beam's, and forked beams share them by reference."""
+
+    def release(self, scheduler: Scheduler, request: RequestState) -> None:
+        super().release(scheduler, request)
+        request.beam.release(scheduler.block_manager)
 
     def ask(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
         group = request.beam
-        if not (group.in_flight or group.started):
-            return super().ask(scheduler, request, draft)
+        if not group.started:
+            # The prompt's last chunk samples the first round (a placeholder until its result starts the group).
+            return None if request.num_placeholders else super().ask(scheduler, request, draft)
         if group.in_flight or draft.budget < len(group.beams):
             return None
         return StepAsk(len(group.beams), group.num_blocks_needed(scheduler.config.block_size))

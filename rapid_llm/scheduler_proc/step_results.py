@@ -35,7 +35,7 @@ class StepResults(SchedulerState):
             request = self._requests.get(failure.request_id)
             # A failure reported again for a slot already released, or a request preempted since
             # (it fails again, and is reported again, if it comes back) ends nothing.
-            if request is not None and failure.slot in self._slots_of(request):
+            if request is not None and failure.slot in request.policy.slots_of(request):
                 self._fail(request, failure.error)
         # Before the tokens: the chunk that ends a prompt also samples its first token, which carries them out.
         for chunk in result.prompt_logprobs:

@@ -6,12 +6,16 @@ faithful fake worker of test_scheduler.py: the held request gets its first token
 while the other request runs to its end; every output equals the reference. Results reach the policies too: a
 recording policy sees every live token in `take` (none of an aborted request's in-flight step) and, after all
 tokens of a step, `end_step` once per request that took one; every output token is one the policy took.
+Admission and resources go through the policy too: a staged policy (as a request whose KV arrives from a remote
+prefill) is not admitted before it is ready and holds a spare slot from admission to release; the scheduler
+honours both (two such requests at most in four slots) and gives the spare back through `release`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import msgspec
 import pytest
 
 from rapid_llm.ipc.messages import GenerateRequest, StepPlan, StepResult
@@ -143,3 +147,98 @@ def test_each_live_token_is_taken_by_the_policy_then_each_taker_ends_the_step() 
     assert run.outcomes["c"].finish_reason == "abort" and len(run.outcomes["c"].token_ids) < run.worker.num_sampled["c"]
     expected = expected_outcomes({0: events[0][:2]}, config)
     assert {request_id: run.outcomes[request_id] for request_id in expected} == expected
+
+
+class Staged(Recording):
+    """Admitted only once `ready` (like KV arriving from a remote prefill), with one spare slot besides its own, held
+    until `release`; the worker never hears of it. Logs ("start"/"release", request id, slots)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready: set[str] = set()
+        self.spare: dict[RequestState, int] = {}
+        self.holds: list[tuple[str, str, list[int]]] = []
+
+    def admit(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
+        if request.request_id not in self.ready:
+            return None
+        ask = super().admit(scheduler, request, draft)
+        if ask is not None:
+            ask.num_slots += 1
+        return ask
+
+    def start(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft, ask: StepAsk,
+              slots: list[int]) -> None:
+        self.spare[request] = slots[-1]
+        super().start(scheduler, request, draft, ask, slots[:-1])
+        self.holds.append(("start", request.request_id, sorted(slots)))
+
+    def slots_of(self, request: RequestState) -> list[int]:
+        return super().slots_of(request) + ([self.spare[request]] if request in self.spare else [])
+
+    def release(self, scheduler: Scheduler, request: RequestState) -> None:
+        self.holds.append(("release", request.request_id, sorted(self.slots_of(request))))
+        super().release(scheduler, request)
+        del self.spare[request]
+
+
+class StagedScheduler(Scheduler):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.staged = Staged()
+
+    def policy_for(self, request: RequestState) -> StepPolicy:
+        return self.staged
+
+
+class SpareSlotWorker(FakeWorker):
+    """The faithful worker, which is told of spare slots' release too: it forgets only slots a request entered."""
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        released = [slot for slot in plan.released_slots if slot in self.slots]
+        return super().execute(msgspec.structs.replace(plan, released_slots=released))
+
+
+@pytest.mark.parametrize("num_kv_blocks", [200, 8], ids=["roomy", "preempting"])
+def test_admission_and_release_go_through_the_policy(num_kv_blocks: int) -> None:
+    config = make_config(max_model_len=32, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=8)
+    scheduler, worker, collector = StagedScheduler(config), SpareSlotWorker(config, hashed_model), _Collector()
+    staged = scheduler.staged
+    events = [request(name, range(start, start + 12), max_tokens=12, ignore_eos=True)
+              for name, start in (("a", 1), ("b", 20), ("c", 40))]
+    staged.ready.update({"a", "b"})
+    for event in events:
+        scheduler.add_request(event)
+        collector.params[event.request_id] = event.params
+    sent: deque[StepPlan] = deque()
+    ready_at = None
+    for iteration in range(500):
+        if iteration == 3:
+            staged.ready.add("c")
+            ready_at = len(worker.plans) + len(sent)  # the index of the next plan made
+        while scheduler.num_inflight_steps < 2 and (plan := scheduler.schedule()) is not None:
+            # A spare slot is never handed to anyone while it is held.
+            assert not {new.slot for new in plan.new_requests} & set(staged.spare.values())
+            sent.append(plan)
+        collector.add(scheduler.take_outputs())
+        if sent:
+            scheduler.process_result(worker.execute(sent.popleft()))
+            # Two slots each out of four: never more than two requests in the worker.
+            assert len(worker.slots) <= 2
+        elif not scheduler.has_unfinished_requests() and iteration > 3:
+            break
+    collector.add(scheduler.take_outputs())
+    # Not admitted before it was ready, although slots were free.
+    first_c = next(i for i, plan in enumerate(worker.plans) if any(new.request_id == "c" for new in plan.new_requests))
+    assert ready_at is not None and first_c >= ready_at
+    # Every admission's slots, spare included, came back through `release`, once: all four are free again.
+    for request_id in "abc":
+        held = [(kind, slots) for kind, taker, slots in staged.holds if taker == request_id]
+        assert held and [kind for kind, _ in held] == ["start", "release"] * (len(held) // 2)
+        assert all(start == end for (_, start), (_, end) in zip(held[::2], held[1::2]))
+        assert all(len(slots) == 2 for _, slots in held)
+    assert sorted(scheduler._free_slots) == list(range(config.max_num_seqs)) and not staged.spare
+    assert (scheduler.stats().num_preemptions > 0) == (num_kv_blocks == 8)
+    assert collector.outcomes == expected_outcomes({0: events}, config, hashed_model)
+    for event in events:
+        assert staged.taken(event.request_id) == collector.outcomes[event.request_id].token_ids
