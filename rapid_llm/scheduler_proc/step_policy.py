@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rapid_llm.ipc.messages import StepResult
+    from rapid_llm.sampling import SamplingParams
     from rapid_llm.scheduler_proc.plan_record import PlanDraft
     from rapid_llm.scheduler_proc.request_state import RequestState
     from rapid_llm.scheduler_proc.scheduler import Scheduler
@@ -47,8 +48,12 @@ class StepPolicy:
     def start(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft, ask: StepAsk,
               slots: list[int]) -> None:
         """Admitted with `slots` (`ask.num_slots` free ones, now held): tell the worker, add the first chunk."""
-        scheduler.start_request(draft, request, slots[0], request.params)
+        scheduler.start_request(draft, request, slots[0], self.worker_params(request))
         scheduler.add_chunk(draft, request, ask.num_new, cached_block_ids=ask.cached_block_ids)
+
+    def worker_params(self, request: RequestState) -> SamplingParams:
+        """The sampling parameters the worker samples the request's slot with."""
+        return request.params
 
     def slots_of(self, request: RequestState) -> list[int]:
         """The slots it holds; `release` returns them."""
@@ -121,8 +126,11 @@ class BeamPolicy(StepPolicy):
         # Nothing of a beam search is sent before it ends, so each admission (a preemption's too) starts it afresh;
         # the prompt is prefilled once, in the first slot.
         request.beam.restart(slots)
-        scheduler.start_request(draft, request, slots[0], request.beam.worker_params)
-        scheduler.add_chunk(draft, request, ask.num_new, cached_block_ids=ask.cached_block_ids)
+        super().start(scheduler, request, draft, ask, slots)
+
+    def worker_params(self, request: RequestState) -> SamplingParams:
+        # The worker returns each beam's top candidates; the group, not the sampler, chooses the tokens.
+        return request.beam.worker_params
 
     def slots_of(self, request: RequestState) -> list[int]:
         return list(request.beam.slots)

@@ -76,7 +76,7 @@ class StateGroup:
         for layer, spec in zip(self.layers, self.specs):
             layer.bind(spec.allocate(self.num_slots, self.device))
 
-    def start(self, slots: Sequence[int]) -> None:
+    def forget(self, slots: Sequence[int]) -> None:
         """Forget what these slots' states folded in (a request left or entered them)."""
         self.num_tokens[list(slots)] = 0
 
@@ -150,10 +150,10 @@ class CacheGroups:
             groups.append(f"{STATE_GROUP} ({len(self.state.layers)} layers, {self.state.num_bytes / 2**20:.2f} MiB)")
         return ", ".join(groups)
 
-    def start(self, slots: Sequence[int]) -> None:
+    def forget(self, slots: Sequence[int]) -> None:
         """A request left or entered these slots: their state (if the model keeps any) starts afresh."""
         if self.state is not None:
-            self.state.start(slots)
+            self.state.forget(slots)
 
     def check_speculative(self, method: str | None) -> None:
         """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet."""

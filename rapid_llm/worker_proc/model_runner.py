@@ -194,7 +194,7 @@ class ModelRunner:
                       params: SamplingParams) -> None:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
-        self.cache_groups.start([slot])
+        self.cache_groups.forget([slot])
         self.step_rows.start(slot, params)
         self.pooling.start(slot, params)
         if self.drafting is not None:
@@ -202,7 +202,7 @@ class ModelRunner:
 
     def release(self, slots: Sequence[int]) -> None:
         self.input_batch.release(slots)
-        self.cache_groups.start(slots)
+        self.cache_groups.forget(slots)
         self.step_rows.release(slots)
         self.pooling.release(slots)
         if self.drafting is not None:

@@ -136,7 +136,7 @@ def test_a_chunk_at_token_0_resets_its_row_and_a_chunk_elsewhere_must_continue_t
     assert state[0].eq(7).all() and state[2].eq(0).all()
     with pytest.raises(ValueError, match="slot 0: the step continues from token 2, but its recurrent state holds 4"):
         state_step(groups, [0], [2], [1])
-    groups.start([0])  # the slot's request left: only a fresh start is possible there
+    groups.forget([0])  # the slot's request left: only a fresh start is possible there
     with pytest.raises(ValueError, match="holds 0 tokens"):
         state_step(groups, [0], [4], [1])
 
