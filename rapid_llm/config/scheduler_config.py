@@ -14,8 +14,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Batching limits and KV-cache shape as the scheduler sees them.
 
     `max_num_batched_tokens` is the one token budget per step; prompts longer than what is left of
-    it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache, and `sliding_window` (the
-    longest attention window, when every layer has one) from its layers' cache specs: blocks behind it are freed.
+    it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache, and `kv_windows` (per KV
+    table, its layers' attention window; None: the whole context) from its layers' cache specs: a request holds a
+    block id per table for each block of its positions, and a table's blocks behind its window are freed.
     `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
     `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
     a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
@@ -31,7 +32,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_kv_blocks: int = 0
-    sliding_window: int | None = None
+    kv_windows: tuple[int | None, ...] = (None,)
     recurrent_state: bool = False
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
@@ -52,5 +53,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"--max-waiting-requests must be at least 1 (or unset), got {self.max_waiting_requests}")
         if self.itl_target_ms is not None and not self.itl_target_ms > 0:
             raise ValueError(f"--itl-target-ms must be positive milliseconds (or unset), got {self.itl_target_ms}")
+        if not self.kv_windows:
+            raise ValueError("kv_windows needs one entry per KV table, at least one")
         if not self.watchdog_timeout > 0:
             raise ValueError(f"--watchdog-timeout must be positive seconds, got {self.watchdog_timeout}")

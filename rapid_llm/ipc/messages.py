@@ -74,7 +74,8 @@ class NewRequest(_Part):
 class ScheduledChunk(_Part):
     """Compute tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of the request in `slot`.
 
-    Both block lists extend the slot's block table, `cached_block_ids` first. `new_block_ids` are
+    Both block lists extend the slot's block tables, `cached_block_ids` first; each list holds the same number of
+    ids for every KV table (ops/attention/kv_tables.py), table 0's first. `new_block_ids` are
     freshly allocated and must be zeroed before use; `cached_block_ids` are prefix-cache hits (only
     on a request's first chunk after admission) whose KV another request wrote -- or an earlier or
     this same step is writing -- so they must be left as they are. `draft_token_ids` (speculative decoding)
@@ -139,7 +140,8 @@ class Shutdown(_Message):
 
 class WorkerReady(_Message):
     num_kv_blocks: int
-    kv_window: int | None = None  # every layer's attention window is at most this (KVCache.window)
+    # Per KV table, its layers' attention window (None: the whole context); the scheduler frees blocks behind it.
+    kv_windows: tuple[int | None, ...] = (None,)
     # Layers in the worker's state cache group (per-request recurrent state): they cache nothing per block, so a
     # prefix-cache hit (every group's hits intersected) never exists, and beam search cannot fork their state.
     num_state_layers: int = 0

@@ -4,7 +4,8 @@
 ("attention", or "mla_attention" for `MLAAttention`) and declares what it caches per token. The worker groups
 the layers by op (`worker_proc/cache_groups.py`: one paged cache group per op, each with the backend the op
 registry selected and its metadata built once per step), allocates each layer's paged tensor from its spec and
-binds both, so model code never sees cache layout or backend choice and the batch metadata is passed in as an
+binds both (and, for a model mixing sliding-window and full layers, names each layer's group by its KV table),
+so model code never sees cache layout or backend choice and the batch metadata is passed in as an
 argument (no global forward context): `batch.attention` in a one-op model, `batch.metadata_for(layer)` in any.
 """
 
@@ -28,6 +29,9 @@ class PagedAttentionLayer(nn.Module, ABC):
         super().__init__()
         self.kv_cache: torch.Tensor | None = None
         self.backend: Any = None
+        # The paged cache group whose step metadata it reads: its op's, or the worker's name for the op's layers in
+        # one KV table (sliding-window layers read a block table of their own).
+        self.cache_group = self.attention_op
 
     @abstractmethod
     def kv_cache_spec(self, dtype: torch.dtype) -> KVCacheSpec:
@@ -36,11 +40,6 @@ class PagedAttentionLayer(nn.Module, ABC):
     def bind(self, kv_cache: torch.Tensor, backend: Any) -> None:
         self.kv_cache = kv_cache
         self.backend = backend
-
-    @property
-    def cache_group(self) -> str:
-        """The paged cache group this layer is in (one per op), whose step metadata it reads."""
-        return self.attention_op
 
     def bound(self) -> tuple[torch.Tensor, Any]:
         if self.kv_cache is None or self.backend is None:

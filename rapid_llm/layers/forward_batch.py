@@ -1,9 +1,9 @@
 """ForwardBatch: everything one model forward needs, passed down as an argument.
 
-Each cache group (worker_proc/cache_groups.py: a paged group per attention op, the state group) builds its
-metadata once per step; `groups` maps the group name to it and `metadata_for(layer)` hands a layer its own.
-`attention` is the first paged group's metadata (positions, sequence index, lengths: what rotary embeddings and
-every one-op model read), so models with one attention op pass `batch.attention` as they always did.
+Each cache group (worker_proc/cache_groups.py: a paged group per attention op and KV table, the state group) builds
+its metadata once per step; `groups` maps the group name to it and `metadata_for(layer)` hands a layer its own.
+`attention` is the first paged group's metadata (positions, sequence index, lengths: what rotary embeddings read),
+so a model whose layers all read one group may pass `batch.attention`.
 """
 
 from __future__ import annotations

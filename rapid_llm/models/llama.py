@@ -60,7 +60,7 @@ class LlamaAttention(nn.Module):
         rope = self.rotary_emb
         cos, sin = batch.once(rope, lambda: rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype))
         q, k = rope.rotate(q, k, cos, sin)
-        return self.o_proj(self.attn(q, k, v, batch.attention))
+        return self.o_proj(self.attn(q, k, v, batch.metadata_for(self.attn)))
 
 
 def require_silu(config: PretrainedConfig) -> None:

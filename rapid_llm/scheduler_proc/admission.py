@@ -56,10 +56,15 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
 def check_beam_search(request: GenerateRequest, config: SchedulerConfig) -> None:
     """A beam group holds a slot per beam and decodes them all in one step, and each beam's candidates
     (HF's max(2, 1 + #stop ids) x width) must fit in the top logprobs a step returns. Beams fork a request's cache,
-    which a model with recurrent layers (one state per request, not per block) cannot do yet."""
+    which a model with recurrent layers (one state per request, not per block) or with several KV tables cannot do
+    yet."""
     if config.recurrent_state:
         raise RequestRejected(f"request {request.request_id}: beam search is refused for this model: its recurrent "
                               "layers keep one state per request, which cannot be forked into beams yet")
+    if len(config.kv_windows) > 1:
+        raise RequestRejected(f"request {request.request_id}: beam search is refused for this model: its "
+                              f"sliding-window and full-attention layers read {len(config.kv_windows)} block tables, "
+                              "which beams do not fork yet")
     width = request.params.num_beams
     candidates = num_candidates(request.params, config.eos_token_ids)
     limits = (("max_num_seqs", config.max_num_seqs), ("max_num_batched_tokens", config.max_num_batched_tokens))

@@ -108,6 +108,10 @@ class BlockManager:
             self._block_of[block_hash] = block_id
             self._hash_of[block_id] = block_hash
 
+    def cached_block(self, block_hash: BlockHash) -> int | None:
+        """The block caching `block_hash`, if any (not taken)."""
+        return self._block_of.get(block_hash)
+
     def lookup(self, block_hashes: Iterable[BlockHash]) -> list[int]:
         """The cached blocks of the longest run of `block_hashes` from the first one (not taken yet)."""
         hits = []

@@ -4,8 +4,11 @@ blocks, and the hit counters -- over the BlockManager's hash table.
 Key design choice: a block is offered to the cache only once its tokens are all real (no placeholder) and
 its KV is scheduled, so a hit never depends on a token the worker has not been told; readers of a block
 still being written are safe because the worker executes plans in order (see `register_full_blocks`).
-A hit must hold in every cache group (vLLM intersects the groups' hits); a model with recurrent layers (a state
-group, which keeps nothing per block) therefore never hits, and its blocks are not registered.
+A hit must hold in every cache group (vLLM intersects the groups' hits): each KV table registers its blocks under
+its own key, and a hit of n blocks needs a table reading the whole context to cache all n, a windowed table only
+those its window reads after them (vLLM's sliding-window manager); a block a window freed before it was full is
+never offered. A model with recurrent layers (a state group, which keeps nothing per block) never hits, and its
+blocks are not registered.
 Usage: `hits = cache.lookup(request)`, `cache.take(request, hits)` at admission;
 `cache.register_full_blocks(request)` whenever a request's computed or known tokens grow.
 """
@@ -14,7 +17,13 @@ from __future__ import annotations
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.scheduler_proc.block_manager import BlockManager
-from rapid_llm.scheduler_proc.request_state import RequestState
+from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState
+from rapid_llm.utils.block_hash import BlockHash
+
+
+def table_key(block_hash: BlockHash, table: int) -> BlockHash:
+    """A block's key in KV table `table`: the same tokens cache different layers' KV in each table."""
+    return block_hash if table == 0 else block_hash + table.to_bytes(4, "little")
 
 
 class PrefixCache:
@@ -24,11 +33,13 @@ class PrefixCache:
         # A state group's hits are always empty, so the intersection over groups is too.
         self.hits_possible = not config.recurrent_state
         self.block_size = config.block_size
+        self.windows = config.kv_windows
         self.queries = 0  # tokens looked up at admissions, since start
         self.hits = 0  # of those, tokens found cached
 
     def lookup(self, request: RequestState) -> list[int]:
-        """The cached blocks a waiting request can start from (not taken yet)."""
+        """The cached blocks a waiting request can start from (not taken yet): the same number of entries in each KV
+        table, table 0's first; FREED_BLOCK where a windowed table need not hold the block (behind its window)."""
         # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too)
         # and no hidden states for mean pooling.
         if (not self.enabled or not self.hits_possible or request.params.prompt_logprobs is not None
@@ -37,14 +48,41 @@ class PrefixCache:
         # At least one token is always computed, so that the step has logits to sample from; a
         # block that token falls in is written, and a block being written is never shared.
         max_blocks = (request.num_tokens - 1) // self.block_size
-        return self._blocks.lookup(request.block_hashes(max_blocks)[:max_blocks])
+        hashes = request.block_hashes(max_blocks)[:max_blocks]
+        # A table reading the whole context needs every block from the first: a prefix run, cut at the first miss.
+        runs = {table: self._blocks.lookup(table_key(h, table) for h in hashes)
+                for table, window in enumerate(self.windows) if window is None}
+        num_hits = min((len(run) for run in runs.values()), default=max_blocks)
+        windowed = {table: [self._blocks.cached_block(table_key(h, table)) for h in hashes[:num_hits]]
+                    for table, window in enumerate(self.windows) if window is not None}
+        # A windowed table needs only the blocks the next token's window reads: the longest hit they are cached for.
+        while num_hits and any(None in found[self.first_read(table, num_hits):num_hits]
+                               for table, found in windowed.items()):
+            num_hits -= 1
+        hits: list[int] = []
+        for table in range(len(self.windows)):
+            if table in runs:
+                hits += runs[table][:num_hits]
+            else:
+                first = self.first_read(table, num_hits)
+                hits += [FREED_BLOCK] * first + windowed[table][first:num_hits]
+        return hits
+
+    def first_read(self, table: int, num_blocks: int) -> int:
+        """The first block a table must hold for a request whose first `num_blocks` blocks are computed: what the
+        scheduler has not freed behind the table's window."""
+        window = self.windows[table]
+        return 0 if window is None else max(0, num_blocks * self.block_size - window) // self.block_size
 
     def take(self, request: RequestState, hits: list[int]) -> None:
-        """Start `request` from `hits` (ref counts +1) and count the admission's lookup."""
-        num_cached = len(hits) * self.block_size
-        self._blocks.share(hits)
-        request.block_ids = list(hits)
-        request.num_registered_blocks = len(hits)
+        """Start `request` from `hits` (ref counts +1; `lookup`'s layout) and count the admission's lookup."""
+        num_blocks = len(hits) // len(self.windows)
+        num_cached = num_blocks * self.block_size
+        self._blocks.share(block for block in hits if block != FREED_BLOCK)
+        request.clear_blocks()
+        request.extend_blocks(hits)
+        request.num_freed = [self.first_read(table, num_blocks) for table in range(len(self.windows))]
+        request.num_registered_blocks = num_blocks
         request.num_computed_tokens = num_cached
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
@@ -69,7 +107,8 @@ class PrefixCache:
         if num_full <= request.num_registered_blocks:
             return
         hashes = request.block_hashes(num_full)
-        # A block a sliding window freed before its tokens were all known is not offered (its id is gone).
-        for index in range(max(request.num_registered_blocks, request.num_freed_blocks), num_full):
-            self._blocks.cache_block(request.block_ids[index], hashes[index])
+        for table, (block_ids, num_freed) in enumerate(zip(request.block_tables, request.num_freed)):
+            # A block a sliding window freed before its tokens were all known is not offered (its id is gone).
+            for index in range(max(request.num_registered_blocks, num_freed), num_full):
+                self._blocks.cache_block(block_ids[index], table_key(hashes[index], table))
         request.num_registered_blocks = num_full

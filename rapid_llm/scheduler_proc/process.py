@@ -64,7 +64,7 @@ class SchedulerLoop:
             raise WorkerFailedError(ready.error)
         if not isinstance(ready, WorkerReady):
             raise WorkerFailedError(f"expected WorkerReady from rank 0, got {type(ready).__name__}")
-        self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks, sliding_window=ready.kv_window,
+        self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks, kv_windows=ready.kv_windows,
                                               recurrent_state=ready.num_state_layers > 0)
         self.scheduler = Scheduler(self.config)
         self.depth = 2 if config.async_scheduling else 1

@@ -19,7 +19,7 @@ from rapid_llm.scheduler_proc.step_policy import PLAIN, StepPolicy
 from rapid_llm.utils.block_hash import BlockHash, hash_block
 
 
-# A block_ids entry whose block went back to the pool: every layer's window has passed those positions.
+# A block table entry whose block went back to the pool: its table's window has passed those positions.
 FREED_BLOCK = -1
 
 
@@ -32,7 +32,7 @@ class RequestStatus(enum.Enum):
 class RequestState:
     """One request's progress; the scheduler moves it between its queues."""
 
-    def __init__(self, request: GenerateRequest, max_model_len: int, block_size: int) -> None:
+    def __init__(self, request: GenerateRequest, max_model_len: int, block_size: int, num_tables: int = 1) -> None:
         self.request_id = request.request_id
         self.prompt_token_ids = request.prompt_token_ids
         self.params = request.params
@@ -46,8 +46,10 @@ class RequestState:
         self.draft_token_ids: list[int] = []
         self.speculates = False
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []  # per block of positions; FREED_BLOCK once every window has passed it
-        self.num_freed_blocks = 0
+        # Per KV table (ops/attention/kv_tables.py), a block id per block of positions, FREED_BLOCK once the table's
+        # window has passed it; every table holds as many entries. How many leading entries each has freed.
+        self.block_tables: list[list[int]] = [[] for _ in range(num_tables)]
+        self.num_freed = [0] * num_tables
         self.block_size = block_size
         # How many of block_ids have been offered to the prefix cache (registered or found there).
         self.num_registered_blocks = 0
@@ -77,6 +79,15 @@ class RequestState:
         self.beam: BeamGroup | None = None
         self.policy: StepPolicy = PLAIN  # what it asks of each step; the scheduler sets it on arrival
         self.beam_outputs: list[BeamSequence] = []
+
+    @property
+    def block_ids(self) -> list[int]:
+        """KV table 0's blocks: a request's only table unless sliding-window and full layers are mixed."""
+        return self.block_tables[0]
+
+    @block_ids.setter
+    def block_ids(self, block_ids: list[int]) -> None:
+        self.block_tables[0] = block_ids
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -161,15 +172,27 @@ class RequestState:
         return None
 
     def held_block_ids(self) -> list[int]:
-        """The blocks the request holds (entries behind the window, already freed, left out)."""
-        return self.block_ids[self.num_freed_blocks:]
+        """The blocks the request holds in every table (entries behind a window, already freed, left out)."""
+        return [block for table, freed in zip(self.block_tables, self.num_freed) for block in table[freed:]]
 
-    def release_blocks_before(self, position: int) -> list[int]:
-        """Mark the blocks wholly before `position` freed and return the ones that were still held."""
-        end = min(max(0, position) // self.block_size, len(self.block_ids))
-        released = self.block_ids[self.num_freed_blocks:end]
-        self.block_ids[self.num_freed_blocks:end] = [FREED_BLOCK] * len(released)
-        self.num_freed_blocks = max(self.num_freed_blocks, end)
+    def extend_blocks(self, block_ids: list[int]) -> None:
+        """Append `block_ids`, the same number for each table, table 0's first (as a chunk carries them)."""
+        count = len(block_ids) // len(self.block_tables)
+        for index, table in enumerate(self.block_tables):
+            table.extend(block_ids[index * count : (index + 1) * count])
+
+    def clear_blocks(self) -> None:
+        """Forget every table's blocks (they went back to the pool)."""
+        self.block_tables = [[] for _ in self.block_tables]
+        self.num_freed = [0] * len(self.block_tables)
+
+    def release_blocks_before(self, table: int, position: int) -> list[int]:
+        """Mark the table's blocks wholly before `position` freed and return the ones that were still held."""
+        block_ids, freed = self.block_tables[table], self.num_freed[table]
+        end = min(max(0, position) // self.block_size, len(block_ids))
+        released = block_ids[freed:end]
+        block_ids[freed:end] = [FREED_BLOCK] * len(released)
+        self.num_freed[table] = max(freed, end)
         return released
 
     def reset_for_recompute(self) -> None:
@@ -178,8 +201,7 @@ class RequestState:
         self.num_placeholders = 0
         self.draft_token_ids = []
         self.num_computed_tokens = 0
-        self.block_ids = []
-        self.num_freed_blocks = 0
+        self.clear_blocks()
         self.num_registered_blocks = 0
         self.slot = None
         self.epoch += 1

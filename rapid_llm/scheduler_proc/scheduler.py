@@ -23,7 +23,7 @@ from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.plan_record import PlanDraft, StepRecord
-from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
+from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState, RequestStatus
 from rapid_llm.scheduler_proc.step_cost import PrefillAllowance, step_features
 from rapid_llm.scheduler_proc.step_policy import BEAM, PLAIN, SPECULATIVE, StepAsk, StepPolicy
 from rapid_llm.scheduler_proc.step_results import StepResults
@@ -42,7 +42,7 @@ class Scheduler(StepResults):
         if request.request_id in self._requests:
             raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
         check_admissible(request, self.config, len(self._waiting))
-        state = RequestState(request, self.config.max_model_len, self.config.block_size)
+        state = RequestState(request, self.config.max_model_len, self.config.block_size, len(self.config.kv_windows))
         if request.params.use_beam_search:
             max_new_tokens = min(state.max_tokens, self.config.max_model_len - state.num_prompt_tokens)
             state.beam = BeamGroup(request.params, max_new_tokens, self.config.eos_token_ids)
@@ -132,13 +132,13 @@ class Scheduler(StepResults):
         return preempted
 
     def _free_behind_windows(self) -> None:
-        """With a window in every layer, return the blocks it has passed: a request's next chunk starts at its
-        computed count and reads back at most the window; steps planned before run (and read) before this one."""
-        window = self.config.sliding_window
-        if window is None:
-            return
-        for request in self._running:
-            request.policy.free_behind_window(self, request, request.num_computed_tokens - window)
+        """Return the blocks each windowed KV table's window has passed: a request's next chunk starts at its
+        computed count and its layers read back at most the window; steps planned before run (and read) before
+        this one."""
+        for table, window in enumerate(self.config.kv_windows):
+            if window is not None:
+                for request in self._running:
+                    request.policy.free_behind_window(self, request, table, request.num_computed_tokens - window)
 
     def policy_for(self, request: RequestState) -> StepPolicy:
         """The step policy a new request runs under (step_policy.py)."""
@@ -170,12 +170,14 @@ class Scheduler(StepResults):
         """The first chunk after the request's prefix-cache hits, with the blocks it needs and `num_slots` slots;
         None when no token can be computed this step."""
         hits = self._prefix_cache.lookup(request)
-        num_computed = len(hits) * self.config.block_size
+        num_hits = len(hits) // len(self.config.kv_windows)  # per KV table
+        num_computed = num_hits * self.config.block_size
         num_new = self.num_new_tokens(request, num_computed, draft)
         if num_new == 0:
             return None
         # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
-        num_blocks = self._num_new_blocks(num_computed, len(hits), num_new) + self._blocks.num_unreferenced(hits)
+        num_blocks = (self._num_new_blocks(num_computed, num_hits, num_new)
+                      + self._blocks.num_unreferenced(block for block in hits if block != FREED_BLOCK))
         return StepAsk(num_new, num_blocks, num_slots=num_slots, cached_block_ids=hits)
 
     def start_request(self, draft: PlanDraft, request: RequestState, slot: int, params: SamplingParams) -> None:
@@ -196,8 +198,9 @@ class Scheduler(StepResults):
         return num_new
 
     def _num_new_blocks(self, num_computed: int, num_held: int, num_new: int) -> int:
+        """New blocks over every KV table, `num_held` per table before them."""
         # The blocks held always cover exactly the computed tokens, so this is never negative.
-        return self._blocks.blocks_for_tokens(num_computed + num_new) - num_held
+        return (self._blocks.blocks_for_tokens(num_computed + num_new) - num_held) * len(self.config.kv_windows)
 
     def add_chunk(self, draft: PlanDraft, request: RequestState, num_new: int,
                    cached_block_ids: list[int] | None = None, drafts: list[int] | None = None) -> None:
@@ -205,7 +208,7 @@ class Scheduler(StepResults):
             raise RuntimeError(f"request {request.request_id} is scheduled without a slot")
         num_blocks = self._num_new_blocks(request.num_computed_tokens, len(request.block_ids), num_new)
         new_block_ids = self._blocks.allocate(num_blocks)
-        request.block_ids.extend(new_block_ids)
+        request.extend_blocks(new_block_ids)
         if num_new > 1 and not drafts and draft.prefill is not None:
             draft.prefill.count(request.num_computed_tokens, num_new,
                                 ends_prompt=request.num_computed_tokens + num_new == request.num_tokens)

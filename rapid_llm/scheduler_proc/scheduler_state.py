@@ -34,13 +34,15 @@ class SchedulerState:
         if config.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be set from the worker's cache size, got {config.num_kv_blocks}")
         capacity = config.num_kv_blocks * config.block_size
-        # A lone request could outgrow the whole cache and then never be admitted again. With a window in every
-        # layer it holds at most the window behind its chunk, the chunk, and a partial block at each end.
-        needed = config.max_model_len if config.sliding_window is None else min(
-            config.max_model_len, config.sliding_window + config.max_num_batched_tokens + 2 * config.block_size)
+        # A lone request could outgrow the whole cache and then never be admitted again. In a windowed KV table it
+        # holds at most the window behind its chunk, the chunk, and a partial block at each end.
+        needed = sum(config.max_model_len if window is None else min(
+            config.max_model_len, window + config.max_num_batched_tokens + 2 * config.block_size)
+            for window in config.kv_windows)
         if capacity < needed:
             what = (f"max_model_len ({config.max_model_len})" if needed == config.max_model_len else
-                    f"one request's attention window and chunk ({needed})")
+                    f"what one request's attention windows and chunk take over {len(config.kv_windows)} KV "
+                    f"table(s) ({needed})")
             raise ValueError(f"the KV cache holds {capacity} tokens, fewer than {what}; "
                              "lower --max-model-len or give the KV cache more memory")
         self.config = config

@@ -63,16 +63,16 @@ class StepPolicy:
         """The KV blocks it holds, a shared one once per reference."""
         return request.held_block_ids()
 
-    def free_behind_window(self, scheduler: Scheduler, request: RequestState, position: int) -> None:
-        """Every layer's window has passed `position`: the blocks wholly before it go back to the pool."""
-        scheduler.block_manager.free(request.release_blocks_before(position))
+    def free_behind_window(self, scheduler: Scheduler, request: RequestState, table: int, position: int) -> None:
+        """The window of a KV table's layers has passed `position`: its blocks wholly before it go back to the pool."""
+        scheduler.block_manager.free(request.release_blocks_before(table, position))
 
     def release(self, scheduler: Scheduler, request: RequestState) -> None:
         """It ended or is preempted: its blocks and slots go back now (the worker runs steps in order, so no later
         step reads them). Full blocks stay cached; freeing the last block first makes the prefix's tail evicted
         first."""
         scheduler.block_manager.free(reversed(request.held_block_ids()))
-        request.block_ids = []
+        request.clear_blocks()
         scheduler.release_slots(self.slots_of(request))
         request.slot = None
 
@@ -139,7 +139,7 @@ class BeamPolicy(StepPolicy):
         # Once started, the prompt's blocks belong to the beams.
         return list(request.beam.block_ids()) if request.beam.started else request.held_block_ids()
 
-    def free_behind_window(self, scheduler: Scheduler, request: RequestState, position: int) -> None:
+    def free_behind_window(self, scheduler: Scheduler, request: RequestState, table: int, position: int) -> None:
         """Nothing: the prompt's blocks become the root beam's, and forked beams share them by reference."""
 
     def release(self, scheduler: Scheduler, request: RequestState) -> None:

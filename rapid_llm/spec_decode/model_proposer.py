@@ -2,8 +2,8 @@
 
 Contract (the draft model, MTP, DFlash and DSpark implement it; an EAGLE head would too):
 * Built once in the worker by `build_model_proposer(config, target)` (`registry.py`), after the target model.
-* `kv_layers()`: the proposer's own paged attention layers. The runner allocates their caches with the same
-  block ids as the target's (one block count over target + proposer bytes per block), so the scheduler's block
+* `kv_layers()`: the proposer's own paged attention layers, a cache group of their own (`CacheGroups.add_proposer`)
+  reading the target's block ids (one block count over target + proposer bytes per block), so the scheduler's block
   tables, rollback and prefix cache cover them unchanged; `scratch_blocks_per_slot` extra blocks per slot are
   allocated in the proposer's layers only (ids from `KVBinding.first_scratch_block`) for positions it writes
   past what the scheduler holds (its own autoregressive drafts). Blocks are zeroed/copied in every layer alike.

@@ -1,16 +1,17 @@
 """Cache groups: the model's cache-holding layers grouped by what they keep, each with its backend, memory share
 and step metadata (vLLM's KV-cache groups).
 
-Paged groups, one per attention op ("attention", "mla_attention", "dsv4_attention"), keep KV per token in blocks;
-each has the backend the op registry selected and builds its metadata once per step. Every paged group shares the
-scheduler's block ids and one block table (separate block pools per group, which models mixing full and windowed
-layers need, are a later step). The state group holds recurrent layers' per-request state (layers/state_layer.py).
-Budget: state rows are sized first -- max_num_seqs + 1 (a padding row) per state layer, fixed whatever the context
--- and the paged groups share the rest by block (a block id costs every paged layer's bytes for it). A model with a
-state group gets no prefix-cache hits, speculative decoding, beam search or CUDA graphs (state cannot be shared
-per block, rolled back, forked, or its step captured yet); the worker reports the group in WorkerReady.
-Usage: `groups = CacheGroups.of(model, select, max_num_seqs, dtype, device)`; `kv_cache = groups.allocate(
-model_config, cache_config)`; per step `attention, metadata = groups.build_metadata(layout, slots, ...)`.
+Paged groups, one per attention op and KV table, keep KV per token in blocks, with the backend the op registry
+selected, and build their metadata once per step from their table's rows; all draw from the scheduler's one pool
+of block ids (sliding-window layers mixed with full ones read tables of their own: ops/attention/kv_tables.py).
+A worker-side proposer's layers (draft model, MTP) are a paged group too (`add_proposer`): table 0 plus scratch
+blocks per slot past the pool; the proposer builds their metadata itself. The state group holds recurrent layers'
+per-request state (layers/state_layer.py). Budget: state rows first (max_num_seqs + 1 per state layer, whatever
+the context), the paged groups share the rest by block (a block id costs its distinct tensors' bytes). A model
+with a state group gets no prefix-cache hits, speculative decoding, beam search or CUDA graphs (state cannot be
+shared per block, rolled back, forked, or its step captured yet); the worker reports the group in WorkerReady.
+Usage: `groups = CacheGroups.of(model, select, max_num_seqs, dtype, device)`; `groups.add_proposer(layers, n)`;
+`kv_cache = groups.allocate(model_config, cache_config)`; per step `groups.build_metadata(layouts, slots, ...)`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer, StateMetadata
 from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
+from rapid_llm.ops.attention.kv_tables import KVTables, kv_tables
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.utils.host_staging import to_device
 from rapid_llm.worker_proc.kv_cache import KVCache, allocate_kv_cache
@@ -50,11 +52,27 @@ def select_backend(op: str, device: torch.device, model_config: ModelConfig, cac
     return backend
 
 
+# The cache group of a worker-side proposer's layers (a draft model's, MTP's).
+PROPOSER_GROUP = "proposer"
+
+
 @dataclass
 class PagedGroup:
-    op: str  # the attention op of its layers, and the group's name
+    op: str  # the attention op of its layers
     layers: list[PagedAttentionLayer]
     backend: Any
+    table: int = 0  # the KV table its layers read
+    # A proposer's group: its layers read table 0 plus scratch blocks of their own past the pool (per slot), and
+    # the proposer builds their metadata from those tables.
+    scratch_blocks: int = 0
+    proposer: bool = False
+
+    @property
+    def name(self) -> str:
+        """The op for table 0 (every model without separate tables), else the op and the table."""
+        if self.proposer:
+            return PROPOSER_GROUP
+        return self.op if self.table == 0 else f"{self.op}@{self.table}"
 
 
 class StateGroup:
@@ -103,10 +121,24 @@ class StateGroup:
                              has_initial_state.bool(), int(query_lens.max()))
 
 
+def split_by_table(paged: list[PagedGroup], table_of: dict[int, int]) -> list[PagedGroup]:
+    """One paged group per op and KV table (table 0's first); each layer is named into its group."""
+    split = [PagedGroup(group.op, members, group.backend, table)
+             for group in paged
+             for table in sorted({table_of[id(layer)] for layer in group.layers})
+             if (members := [layer for layer in group.layers if table_of[id(layer)] == table])]
+    split.sort(key=lambda group: group.table)
+    for group in split:
+        for layer in group.layers:
+            layer.cache_group = group.name
+    return split
+
+
 class CacheGroups:
-    def __init__(self, paged: list[PagedGroup], state: StateGroup | None, max_num_seqs: int,
+    def __init__(self, paged: list[PagedGroup], tables: KVTables, state: StateGroup | None, max_num_seqs: int,
                  device: torch.device) -> None:
         self.paged = paged
+        self.tables = tables
         self.state = state
         self.max_num_seqs = max_num_seqs
         self.device = device
@@ -127,12 +159,21 @@ class CacheGroups:
             raise ValueError(f"{type(model).__name__} has no cache-holding layers (paged attention or recurrent "
                              "state): rapid_llm serves decoder models only")
         paged = [PagedGroup(op, layers, select(op)) for op, layers in by_op.items()]
+        layers = [layer for group in paged for layer in group.layers]
+        tables = kv_tables([layer.kv_cache_spec(dtype) for layer in layers])
         state = StateGroup(state_layers, max_num_seqs, dtype, device) if state_layers else None
-        return cls(paged, state, max_num_seqs, device)
+        return cls(split_by_table(paged, dict(zip(map(id, layers), tables.table_of))), tables, state, max_num_seqs,
+                   device)
+
+    @property
+    def target(self) -> list[PagedGroup]:
+        """The model's own paged groups (a proposer's group left out)."""
+        return [group for group in self.paged if not group.proposer]
 
     @property
     def backends(self) -> dict[str, Any]:
-        return {group.op: group.backend for group in self.paged}
+        """The backend of each attention op."""
+        return {group.op: group.backend for group in self.target}
 
     @property
     def primary_backend(self) -> Any:
@@ -140,12 +181,28 @@ class CacheGroups:
         group)."""
         return self.paged[0].backend if self.paged else None
 
+    def add_proposer(self, layers: list[PagedAttentionLayer], scratch_blocks: int) -> None:
+        """A worker-side proposer's layers become a group: they read the target's table 0 with its ops' backends,
+        plus `scratch_blocks` blocks of their own (`check_speculative` has refused a model with several tables)."""
+        backends = self.backends
+        missing = sorted({layer.attention_op for layer in layers} - set(backends))
+        if missing:
+            raise ValueError(f"the proposer's layers use {missing}, which the target's layers do not: its step "
+                             "metadata comes from the target's backend")
+        for op in dict.fromkeys(layer.attention_op for layer in layers):
+            members = [layer for layer in layers if layer.attention_op == op]
+            self.paged.append(PagedGroup(op, members, backends[op], scratch_blocks=scratch_blocks, proposer=True))
+            for layer in members:
+                layer.cache_group = PROPOSER_GROUP
+
     @property
     def num_state_layers(self) -> int:
         return len(self.state.layers) if self.state is not None else 0
 
     def describe(self) -> str:
-        groups = [f"{group.op} ({len(group.layers)} layers, {type(group.backend).__name__})" for group in self.paged]
+        groups = [f"{group.name} ({len(group.layers)} layers, {type(group.backend).__name__}"
+                  + (f", {group.scratch_blocks} scratch blocks)" if group.scratch_blocks else ")")
+                  for group in self.paged]
         if self.state is not None:
             groups.append(f"{STATE_GROUP} ({len(self.state.layers)} layers, {self.state.num_bytes / 2**20:.2f} MiB)")
         return ", ".join(groups)
@@ -156,39 +213,43 @@ class CacheGroups:
             self.state.forget(slots)
 
     def check_speculative(self, method: str | None) -> None:
-        """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet."""
+        """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet, nor
+        a request's blocks in more than one KV table."""
+        if method is not None and self.tables.num_tables > 1:
+            raise ValueError(
+                f"--speculative-config ({method}) is refused for this model: its sliding-window and full-attention "
+                f"layers read {self.tables.num_tables} block tables, which speculative rollback does not cut yet; "
+                "serve it without --speculative-config")
         if method is not None and self.state is not None:
             raise ValueError(
                 f"--speculative-config ({method}) is refused for this model: its {self.num_state_layers} recurrent "
                 "layers fold every token, rejected drafts too, into per-request state, which cannot be rolled back "
                 "yet; serve it without --speculative-config")
 
-    def allocate(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 extra_layers: list[PagedAttentionLayer] | None = None, extra_blocks: int = 0) -> KVCache:
-        """Allocate the state rows first, then the paged layers (and a proposer's `extra_layers`) from the rest of
-        the budget. Without paged layers blocks cost nothing, so there are enough for every slot's whole context."""
+    def allocate(self, model_config: ModelConfig, cache_config: CacheConfig) -> KVCache:
+        """Allocate the state rows first, then every paged group (a proposer's scratch included) from the rest of the
+        budget. Without target paged layers blocks cost nothing, so there are enough for every slot's context."""
         reserved = 0
         if self.state is not None:
             self.state.allocate()
             reserved = self.state.num_bytes
-        backends = self.backends
-        missing = sorted({layer.attention_op for layer in extra_layers or []} - set(backends))
-        if missing:
-            raise ValueError(f"the proposer's layers use {missing}, which the target's layers do not: its step "
-                             "metadata comes from the target's backend")
-        if not self.paged and cache_config.num_blocks is None:
+        if not self.target and cache_config.num_blocks is None:
             blocks_per_slot = -(-model_config.max_model_len // cache_config.block_size)
             cache_config = replace(cache_config, num_blocks=self.max_num_seqs * blocks_per_slot + 1)
-        layers = [layer for group in self.paged for layer in group.layers]
-        return allocate_kv_cache(layers, backends, model_config, cache_config, self.device, reserved, extra_layers,
-                                 extra_blocks)
+        # The target's layers first, in the order their KV tables were computed over.
+        groups = [*self.target, *(group for group in self.paged if group.proposer)]
+        layers = [layer for group in groups for layer in group.layers]
+        scratch = [group.scratch_blocks for group in groups for _ in group.layers]
+        return allocate_kv_cache(layers, self.tables, self.backends, model_config, cache_config, self.device,
+                                 reserved, scratch)
 
-    def build_metadata(self, layout: StepLayout, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray,
-                       slots_on_device: torch.Tensor) -> tuple[AttentionMetadata, dict[str, Any]]:
-        """Every group's metadata for one step, keyed by group name, and the metadata `ForwardBatch.attention` holds
-        (the first paged group's, else the common positions and lengths)."""
-        metadata: dict[str, Any] = {group.op: group.backend.build_metadata(layout, self.device) for group in self.paged}
-        attention = next(iter(metadata.values())) if metadata else build_common_metadata(layout, self.device)
+    def build_metadata(self, layouts: Sequence[StepLayout], slots: np.ndarray, starts: np.ndarray,
+                       query_lens: np.ndarray, slots_on_device: torch.Tensor) -> tuple[AttentionMetadata, dict[str, Any]]:
+        """Every group's metadata for one step (`layouts[t]` over KV table t's rows), keyed by group name, and the
+        metadata `ForwardBatch.attention` holds (the first paged group's, else the common positions and lengths)."""
+        metadata: dict[str, Any] = {group.name: group.backend.build_metadata(layouts[group.table], self.device)
+                                    for group in self.target}
+        attention = next(iter(metadata.values())) if metadata else build_common_metadata(layouts[0], self.device)
         if self.state is not None:
             metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, slots_on_device, attention)
         return attention, metadata

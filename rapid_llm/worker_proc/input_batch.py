@@ -1,8 +1,9 @@
 """The persistent per-slot input batch: every running request's state, kept in preallocated tensors.
 
 Row `slot` holds the request in that slot: its tokens (the device token pool, which the step's sampled
-token is written back into on the device), its block table (a device [slots, max_blocks] table plus the
-host lists the list-reading attention adapters use), host counts of its known and prompt tokens, and its
+token is written back into on the device), its block table per KV table (a device [tables, slots, max_blocks]
+tensor plus the host lists the list-reading attention adapters use; every table of a row holds the same number of
+blocks, ops/attention/kv_tables.py), host counts of its known and prompt tokens, and its
 sampling row (`SamplingRows`). The scheduler's deltas update rows in place -- a new or resumed request
 fills its row once, released slots are reset, new block ids are scattered into the table once per step
 -- so a step only gathers rows by slot index. `num_tokens` counts tokens a launched step will sample
@@ -14,7 +15,7 @@ they read and write only that block, never live KV (cuda_graphs.py).
 
 Usage:
     batch.add(slot, request_id, token_ids, num_prompt_tokens, params)  # raises if the request cannot be served
-    batch.append_blocks(slot, block_ids); batch.flush_blocks()          # once per step, before the forward
+    batch.append_blocks(slot, block_ids); batch.flush_blocks()          # block_ids: each table's, table by table
     batch.record_sampled(slots, slots_on_device, positions_on_device, token_ids)
     batch.write_drafts(slots, drafts); batch.rollback(slot, num_tokens, num_blocks)  # speculative decoding
 """
@@ -34,7 +35,7 @@ from rapid_llm.worker_proc.sampling_rows import SamplingRows
 
 class InputBatch:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, padding_block: int,
-                 vocab_size: int, eos_token_ids: Sequence[int], device: torch.device) -> None:
+                 vocab_size: int, eos_token_ids: Sequence[int], device: torch.device, num_tables: int = 1) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -46,8 +47,13 @@ class InputBatch:
         self.max_blocks = -(-max_model_len // block_size)
         # int32 halves the pool; one spare column holds the token sampled at max_model_len - 1.
         self.token_pool = torch.zeros(rows, max_model_len + 1, dtype=torch.int32, device=device)
-        self.block_table = torch.full((rows, self.max_blocks), padding_block, dtype=torch.int64, device=device)
-        self.host_block_tables: list[list[int]] = [[] for _ in range(rows)]
+        self.num_tables = num_tables
+        self.block_tables = torch.full((num_tables, rows, self.max_blocks), padding_block, dtype=torch.int64,
+                                       device=device)
+        self.host_tables: list[list[list[int]]] = [[[] for _ in range(rows)] for _ in range(num_tables)]
+        # Table 0: what a worker-side proposer and CUDA graphs read (they run with one table only).
+        self.block_table = self.block_tables[0]
+        self.host_block_tables = self.host_tables[0]
         self.num_blocks = np.zeros(rows, dtype=np.int64)
         self.num_tokens = np.zeros(rows, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(rows, dtype=np.int64)
@@ -57,6 +63,7 @@ class InputBatch:
         self.has_logit_bias = np.zeros(rows, dtype=bool)  # so a step without any skips building a LogitBias
         self.wants_prompt_logprobs = np.zeros(rows, dtype=bool)
         self.sampling = SamplingRows(rows, vocab_size, device)
+        self._pending_tables: list[int] = []
         self._pending_rows: list[int] = []
         self._pending_columns: list[int] = []
         self._pending_blocks: list[int] = []
@@ -135,9 +142,10 @@ class InputBatch:
             raise ValueError(f"slot {slot}: cannot roll back to {num_tokens} tokens and {num_blocks} of {held} blocks")
         self.num_tokens[slot] = num_tokens
         if num_blocks < held:
-            del self.host_block_tables[slot][num_blocks:]
+            for table in self.host_tables:
+                del table[slot][num_blocks:]
             self.num_blocks[slot] = num_blocks
-            self.block_table[slot, num_blocks:held] = self.padding_block
+            self.block_tables[:, slot, num_blocks:held] = self.padding_block
 
     def release(self, slots: Sequence[int]) -> None:
         for slot in slots:
@@ -150,33 +158,44 @@ class InputBatch:
         held = [slot for slot in slots if self.num_blocks[slot]]
         for slot in held:
             self.num_blocks[slot] = 0
-            self.host_block_tables[slot] = []
+            for table in self.host_tables:
+                table[slot] = []
         if held:
-            self.block_table[to_device([torch.tensor(held, dtype=torch.int64)], self.device)[0]] = self.padding_block
+            self.block_tables[:, to_device([torch.tensor(held, dtype=torch.int64)], self.device)[0]] = \
+                self.padding_block
 
     def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:
-        """Extend the slot's block table; the device table gets them at the next `flush_blocks`."""
+        """Extend the slot's block tables by `block_ids`, the same number for each table, table 0's first; the device
+        tables get them at the next `flush_blocks`."""
         if not block_ids:
             return
+        count, rest = divmod(len(block_ids), self.num_tables)
+        if rest:
+            raise ValueError(f"slot {slot}: {len(block_ids)} block ids do not split evenly over {self.num_tables} "
+                             "KV tables")
         start = int(self.num_blocks[slot])
-        if start + len(block_ids) > self.max_blocks:
-            raise ValueError(f"slot {slot}: {start + len(block_ids)} blocks exceed the {self.max_blocks} that "
+        if start + count > self.max_blocks:
+            raise ValueError(f"slot {slot}: {start + count} blocks exceed the {self.max_blocks} that "
                              f"max_model_len {self.max_model_len} needs")
-        self.host_block_tables[slot].extend(block_ids)
+        # A negative id is a position a windowed table does not hold (behind its window): the padding block.
+        block_ids = [self.padding_block if block < 0 else block for block in block_ids]
+        for table, host in enumerate(self.host_tables):
+            host[slot].extend(block_ids[table * count : (table + 1) * count])
+            self._pending_tables.extend([table] * count)
+            self._pending_columns.extend(range(start, start + count))
         self._pending_rows.extend([slot] * len(block_ids))
-        self._pending_columns.extend(range(start, start + len(block_ids)))
         self._pending_blocks.extend(block_ids)
-        self.num_blocks[slot] = start + len(block_ids)
+        self.num_blocks[slot] = start + count
 
     def flush_blocks(self) -> None:
-        """Scatter every block appended since the last flush into the device table, in one copy and one op."""
+        """Scatter every block appended since the last flush into the device tables, in one copy and one op."""
         if not self._pending_blocks:
             return
-        rows, columns, blocks = to_device([torch.tensor(values, dtype=torch.int64) for values in
-                                           (self._pending_rows, self._pending_columns, self._pending_blocks)],
-                                          self.device)
-        self.block_table[rows, columns] = blocks
-        self._pending_rows, self._pending_columns, self._pending_blocks = [], [], []
+        tables, rows, columns, blocks = to_device(
+            [torch.tensor(values, dtype=torch.int64) for values in
+             (self._pending_tables, self._pending_rows, self._pending_columns, self._pending_blocks)], self.device)
+        self.block_tables[tables, rows, columns] = blocks
+        self._pending_tables, self._pending_rows, self._pending_columns, self._pending_blocks = [], [], [], []
 
     def record_sampled(self, slots: np.ndarray, slots_on_device: torch.Tensor, positions_on_device: torch.Tensor,
                        token_ids: torch.Tensor) -> None:

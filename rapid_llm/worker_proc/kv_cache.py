@@ -1,30 +1,32 @@
 """Allocate the paged KV cache from each paged layer's spec and bind every layer to its tensor and group backend.
 
-Block ids are shared by every paged layer of every cache group (cache_groups.py), so the block count is an
-explicit number, else a byte budget (explicit; on CUDA the share of device memory left after the weights; a fixed
-default on CPU), less what the caller reserved (the state group's rows), divided by the sum of every paged layer's
-bytes per block. The cache is allocated uninitialised (zero-filling gigabytes costs seconds of start-up on a CPU):
-a block is zeroed when freshly allocated to a request, since masked garbage that happened to be NaN would still
-poison a softmax-weighted sum; prefix-cache hits never are (they hold the KV being reused), and block 0 is zeroed
-up front (block tables are padded with it). A worker-side proposer's layers (a draft model's) share the block ids
-and alone get `extra_blocks` more (its per-slot scratch, zeroed once). A quantized cache (`--kv-cache-dtype fp8 |
-nvfp4`) is built for full attention only: other specs, and a backend that cannot read it, are refused at start-up.
-Usage: `cache = allocate_kv_cache(layers, backends, model_config, cache_config, device, reserved_bytes)`.
+Block ids are shared by every paged layer of every cache group (cache_groups.py); layers read them through KV
+tables (`kv_tables.py`: sliding-window layers in tables of their own, which share tensors with the full-attention
+tables). The block count is an explicit number, else a byte budget (explicit; on CUDA the share of device memory
+left after the weights; a fixed default on CPU), less what the caller reserved (the state group's rows), divided by
+what a block id costs over the distinct tensors. The cache is allocated uninitialised (zero-filling gigabytes costs
+seconds of start-up on a CPU): a block is zeroed when freshly allocated to a request, since masked garbage that
+happened to be NaN would still poison a softmax-weighted sum; prefix-cache hits never are, and block 0 is zeroed
+up front (tables built on the host are padded with it). A worker-side proposer's layers (a draft model's cache
+group) read table 0 and alone get scratch blocks past the shared ones (per slot, zeroed once). A quantized cache
+(`--kv-cache-dtype fp8 | nvfp4`) is built for full attention only.
+Usage: `cache = allocate_kv_cache(layers, tables, backends, model_config, cache_config, device, reserved_bytes)`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.config.cache_config import DEFAULT_CPU_KV_CACHE_BYTES
 from rapid_llm.layers.attention import PagedAttentionLayer
-from rapid_llm.ops.attention.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, bytes_per_block, kv_window,
+from rapid_llm.ops.attention.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, bytes_per_block,
                                                    num_blocks_for_budget)
+from rapid_llm.ops.attention.kv_tables import KVTables
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, is_fp8_kv, kv_format
 
 logger = logging.getLogger(__name__)
@@ -45,14 +47,16 @@ def kv_cache_budget(cache_config: CacheConfig, device: torch.device) -> int:
 
 @dataclass
 class KVCache:
-    """Every attention layer's paged tensor (bound to the layer) and the spec it was allocated from."""
+    """Every attention layer's paged tensor (bound to the layer), the spec it was allocated from, and the KV tables
+    of the target's layers (the first `len(tables.table_of)` layers; a proposer's follow, reading table 0)."""
 
     layers: list[PagedAttentionLayer]
     specs: list[KVCacheSpec]
     num_blocks: int
     block_size: int
     device: torch.device
-    extra_bytes: int = 0  # blocks past num_blocks in a proposer's layers
+    tables: KVTables
+    extra_bytes: int = 0  # scratch blocks past num_blocks in a proposer's layers
 
     @property
     def num_tokens(self) -> int:
@@ -60,23 +64,34 @@ class KVCache:
 
     @property
     def num_bytes(self) -> int:
-        return self.num_blocks * bytes_per_block(self.specs, self.block_size) + self.extra_bytes
+        return self.num_blocks * bytes_per_block([spec for _, spec in self._tensors()], self.block_size) + \
+            self.extra_bytes
 
     @property
-    def window(self) -> int | None:
-        """Tokens every layer attends back at most (None: some layer reads the whole context)."""
-        return kv_window(self.specs)
+    def windows(self) -> tuple[int | None, ...]:
+        """Per KV table, the tokens its layers attend back at most (None: the whole context)."""
+        return self.tables.windows
+
+    def _tensors(self) -> list[tuple[PagedAttentionLayer, KVCacheSpec]]:
+        """One layer (and its spec) per distinct tensor: tables share tensors."""
+        seen: set[int] = set()
+        distinct = []
+        for layer, spec in zip(self.layers, self.specs):
+            if id(layer.kv_cache) not in seen:
+                seen.add(id(layer.kv_cache))
+                distinct.append((layer, spec))
+        return distinct
 
     def clear_blocks(self, block_ids: list[int]) -> None:
-        """Zero blocks that were just freshly allocated to a request, in every layer."""
+        """Zero blocks that were just freshly allocated to a request, in every tensor."""
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        for layer, spec in zip(self.layers, self.specs):
+        for layer, spec in self._tensors():
             spec.zero_blocks(layer.kv_cache, index)
 
     def clear_extra_blocks(self) -> None:
         """Zero the blocks past num_blocks that a proposer's layers have (its scratch), once: unwritten tails are read
         under a mask, which garbage NaN would still poison."""
-        for layer, spec in zip(self.layers, self.specs):
+        for layer, spec in self._tensors():
             total = layer.kv_cache.shape[spec.block_dim]
             if total > self.num_blocks:
                 spec.zero_blocks(layer.kv_cache, torch.arange(self.num_blocks, total, device=self.device))
@@ -87,7 +102,7 @@ class KVCache:
         The sources are read before any destination is written, so a block may be both."""
         src = torch.tensor(src_ids, dtype=torch.int64, device=self.device)
         dst = torch.tensor(dst_ids, dtype=torch.int64, device=self.device)
-        for layer, spec in zip(self.layers, self.specs):
+        for layer, spec in self._tensors():
             # CPU torch has no float8 index_copy_: move the bytes.
             cache = layer.kv_cache.view(torch.uint8) if is_fp8_kv(layer.kv_cache.dtype) else layer.kv_cache
             cache.index_copy_(spec.block_dim, dst, cache.index_select(spec.block_dim, src))
@@ -111,32 +126,35 @@ def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], 
 
 
 def allocate_kv_cache(
-    layers: list[PagedAttentionLayer], backends: Mapping[str, Any], model_config: ModelConfig,
-    cache_config: CacheConfig, device: torch.device, reserved_bytes: int = 0,
-    extra_layers: list[PagedAttentionLayer] | None = None, extra_blocks: int = 0,
+    layers: list[PagedAttentionLayer], tables: KVTables, backends: Mapping[str, Any], model_config: ModelConfig,
+    cache_config: CacheConfig, device: torch.device, reserved_bytes: int = 0, scratch_blocks: Sequence[int] = (),
 ) -> KVCache:
-    """Allocate every paged layer's cache from its spec and bind the layer to it and its op's backend. A memory
-    budget pays for `reserved_bytes` (the state group's rows) first. `extra_layers` (a proposer's) share the block
-    ids and get `extra_blocks` more of their own."""
-    num_target = len(layers)
-    layers = [*layers, *(extra_layers or [])]
+    """Allocate the paged tensors from the layers' specs and bind every layer to its tensor and its op's backend.
+    The first layers were split into the KV `tables` (shared tensors); the rest (a proposer's) get a tensor each
+    and, per layer, `scratch_blocks[i]` blocks past the shared ones. A memory budget pays for `reserved_bytes` (the
+    state group's rows) and the scratch first."""
+    num_tabled = len(tables.table_of)
     dtype = cache_config.kv_dtype(model_config.dtype)
     specs = [layer.kv_cache_spec(dtype) for layer in layers]
     check_kv_dtype(layers, specs, dtype, backends)
+    scratch = [*scratch_blocks] or [0] * len(layers)
+    tensor_of = [*tables.tensor_of, *range(tables.num_tensors, tables.num_tensors + len(layers) - num_tabled)]
+    tensor_specs = {tensor: spec for tensor, spec in zip(tensor_of, specs)}
+    tensor_scratch = {tensor: blocks for tensor, blocks in zip(tensor_of, scratch)}
     block_size = cache_config.block_size
-    extra_bytes = extra_blocks * bytes_per_block(specs[num_target:], block_size) if extra_blocks else 0
+    extra_bytes = sum(tensor_scratch[tensor] * spec.bytes_per_block(block_size) for tensor, spec in tensor_specs.items())
+    page_bytes = bytes_per_block(list(tensor_specs.values()), block_size)
     num_blocks = cache_config.num_blocks or num_blocks_for_budget(
-        specs, block_size, kv_cache_budget(cache_config, device) - reserved_bytes - extra_bytes)
+        list(tensor_specs.values()), block_size, kv_cache_budget(cache_config, device) - reserved_bytes - extra_bytes)
     if num_blocks < 1:
         reserved = f" after {reserved_bytes} bytes of recurrent state" if reserved_bytes else ""
-        raise ValueError(
-            f"no room for a single KV block ({bytes_per_block(specs, block_size)} bytes) in the KV cache budget"
-            f"{reserved}; raise --kv-cache-memory or --gpu-memory-utilization"
-        )
-    for index, (layer, spec) in enumerate(zip(layers, specs)):
-        extra = extra_blocks if index >= num_target else 0
-        layer.bind(spec.allocate(num_blocks + extra, block_size, device), backends[layer.attention_op])
-    cache = KVCache(layers, specs, num_blocks, block_size, device, extra_bytes)
+        raise ValueError(f"no room for a single KV block ({page_bytes} bytes) in the KV cache budget{reserved}; "
+                         "raise --kv-cache-memory or --gpu-memory-utilization")
+    tensors = {tensor: spec.allocate(num_blocks + tensor_scratch[tensor], block_size, device)
+               for tensor, spec in tensor_specs.items()}
+    for layer, tensor in zip(layers, tensor_of):
+        layer.bind(tensors[tensor], backends[layer.attention_op])
+    cache = KVCache(layers, specs, num_blocks, block_size, device, tables, extra_bytes)
     cache.clear_blocks([0])
     cache.clear_extra_blocks()
     return cache

@@ -125,9 +125,9 @@ class ModelRunner:
         # memory budget pays for it.
         allocated = cache_config if cache_config.num_blocks is None else replace(cache_config,
                                                                                  num_blocks=cache_config.num_blocks + 1)
-        self.kv_cache = self.cache_groups.allocate(
-            model_config, allocated, extra_layers=proposer.kv_layers() if proposer else None,
-            extra_blocks=proposer.scratch_blocks_per_slot * max_num_seqs if proposer else 0)
+        if proposer is not None:
+            self.cache_groups.add_proposer(proposer.kv_layers(), proposer.scratch_blocks_per_slot * max_num_seqs)
+        self.kv_cache = self.cache_groups.allocate(model_config, allocated)
         if self.kv_cache.num_blocks < 2:
             raise ValueError(f"the KV cache budget holds {self.kv_cache.num_blocks} block: at least 2 are needed, "
                              "one is the padding block; raise --kv-cache-memory or --gpu-memory-utilization")
@@ -141,7 +141,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, cache_config.block_size,
                                       self.padding_block, model_config.vocab_size, model_config.eos_token_ids,
-                                      self.device)
+                                      self.device, self.kv_cache.tables.num_tables)
         # Per-request values that wrapped layers read per token (layers/step_rows.py); empty unless a feature adds one.
         self.step_rows = StepRows(max_num_seqs, self.device)
         self.pooling = PromptPooling(max_num_seqs)
@@ -174,6 +174,10 @@ class ModelRunner:
         if self.cache_groups.state is not None:
             logger.info("CUDA graphs off: %d layers keep per-request recurrent state, whose steps (row resets, token "
                         "loops) are not captured yet", self.cache_groups.num_state_layers)
+            return None
+        if self.kv_cache.tables.num_tables > 1:
+            logger.info("CUDA graphs off: sliding-window and full-attention layers read %d block tables, and the "
+                        "decode buffers hold one", self.kv_cache.tables.num_tables)
             return None
         backends = self.cache_groups.backends
         uncaptured = [type(backend).__name__ for backend in backends.values()
@@ -379,9 +383,11 @@ class ModelRunner:
         batch = self.input_batch
         width = int(batch.num_blocks[slots].max()) or 1
         slots_on_device = to_device([torch.from_numpy(slots)], self.device)[0]
-        layout = StepLayout(query_lens.tolist(), seq_lens.tolist(),
-                            [batch.host_block_tables[slot] for slot in slots.tolist()], self.cache_config.block_size,
-                            block_table=batch.block_table[slots_on_device, :width])
+        query_list, seq_list, slot_list = query_lens.tolist(), seq_lens.tolist(), slots.tolist()
+        tables = batch.block_tables[:, slots_on_device, :width]
+        layouts = [StepLayout(query_list, seq_list, [host[slot] for slot in slot_list], self.cache_config.block_size,
+                              block_table=tables[table]) for table, host in enumerate(batch.host_tables)]
+        layout = layouts[0]
         decode = int(query_lens.max()) == 1
         # A graph would replay the step rows of its capture: with any column, decodes run eagerly.
         if decode and self.decode_graphs is not None and not self.step_rows.active:
@@ -389,7 +395,7 @@ class ModelRunner:
             hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
             if hidden_states is not None:
                 return hidden_states
-        attention, groups = self.cache_groups.build_metadata(layout, slots, seq_lens - query_lens, query_lens,
+        attention, groups = self.cache_groups.build_metadata(layouts, slots, seq_lens - query_lens, query_lens,
                                                              slots_on_device)
         input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
         if self.step_rows.active:
@@ -416,6 +422,9 @@ class ModelRunner:
         benchmark) leaves the row one sampled token ahead: without penalties, whose counts hold that token, the
         row only forgets it (the pool's first tokens are unchanged)."""
         batch = self.input_batch
+        if batch.num_tables > 1:
+            raise ValueError("fully described requests carry one block table; this model's sliding-window and "
+                             f"full-attention layers read {batch.num_tables}: serve it through the scheduler")
         for request in requests:
             slot, known = request.slot, int(batch.num_tokens[request.slot])
             same = batch.request_ids[slot] == request.request_id

@@ -69,7 +69,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
         num_blocks = tp_min(runner.num_blocks)
         if results is not None:
-            results.send(WorkerReady(num_kv_blocks=num_blocks, kv_window=runner.kv_cache.window,
+            results.send(WorkerReady(num_kv_blocks=num_blocks, kv_windows=runner.kv_cache.windows,
                                      num_state_layers=runner.cache_groups.num_state_layers))
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,

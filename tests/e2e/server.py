@@ -105,6 +105,21 @@ class ServerProcess:
                 values[match.group(1)] = float(match.group(2))
         return values
 
+    def greedy_token_ids(self, model: str, prompts: list[list[int]], new_tokens: int,
+                         timeout: float = 120) -> list[list[int]]:
+        """Exactly `new_tokens` greedy token ids per prompt (EOS masked until then) from one /v1/completions
+        request, in prompt order."""
+        body = {"model": model, "prompt": prompts, "max_tokens": new_tokens, "min_tokens": new_tokens,
+                "temperature": 0.0, "return_token_ids": True}
+        response = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout).raise_for_status()
+        return [choice["token_ids"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
+
+    def beam_search(self, model: str, prompt: list[int], width: int = 2) -> httpx.Response:
+        """A short beam-search completion request, answered as it is (refusals are 400s)."""
+        return httpx.post(f"{self.base_url}/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": 4, "n": width, "use_beam_search": True,
+            "temperature": 0.0}, timeout=60)
+
     def wait_until_idle(self, timeout: float = 5.0) -> dict[str, float]:
         """/metrics once no request runs and no KV block is referenced (an abort gets there a moment later)."""
         deadline = time.monotonic() + timeout

@@ -2,8 +2,9 @@
 
 The launcher, scheduler, detokenizer and worker each import tests.models.recurrent_double_plugin (which registers
 the double by its "module:Class" target); the worker builds the model with a state cache group. A batch of
-prompts with chunked prefill and async scheduling must give the double's full-sequence reference greedy tokens,
-with prefix caching on and no hits; a beam-search request is refused with the reason.
+prompts with chunked prefill, async scheduling and preemption (a 9-block KV cache) must give the double's
+full-sequence reference greedy tokens, with prefix caching on and no hits; a beam-search request is refused with
+the reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import torch
 
 from rapid_llm.config import ModelConfig
@@ -32,22 +32,20 @@ def test_the_recurrent_double_is_served_through_a_plugin(tmp_path: Path) -> None
     expected = reference_greedy(reference_model(checkpoint), prompts, NEW_TOKENS, eos)
     python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
     server = ServerProcess("--model", str(checkpoint), "--max-num-batched-tokens", "16", "--max-num-seqs", "4",
-                           "--num-kv-blocks", "64", "--max-model-len", "128", "--dtype", "float32",
+                           "--num-kv-blocks", "9", "--max-model-len", "128", "--dtype", "float32",
                            env={PLUGINS_ENV: "tests.models.recurrent_double_plugin", "PYTHONPATH": python_path})
     try:
-        url = f"{server.base_url}/v1/completions"
-        body = {"model": str(checkpoint), "prompt": prompts, "max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS,
-                "temperature": 0.0, "return_token_ids": True}
-        choices = httpx.post(url, json=body, timeout=120).raise_for_status().json()["choices"]
-        assert [choice["token_ids"] for choice in sorted(choices, key=lambda choice: choice["index"])] == expected
+        model = str(checkpoint)
+        assert server.greedy_token_ids(model, prompts, NEW_TOKENS) == expected
         # Repeated: cached blocks would be hits for a model of paged layers only; this one finds none.
-        again = httpx.post(url, json={**body, "prompt": prompts[1]}, timeout=60).raise_for_status().json()
-        assert again["choices"][0]["token_ids"] == expected[1]
+        assert server.greedy_token_ids(model, prompts[1:2], NEW_TOKENS, timeout=60) == expected[1:2]
         metrics = server.metrics()
         assert metrics["rapid_llm:prefix_cache_queries_total"] > 0
         assert metrics["rapid_llm:prefix_cache_hits_total"] == 0
-        beams = httpx.post(url, json={"model": str(checkpoint), "prompt": prompts[0], "max_tokens": 4, "n": 2,
-                                      "use_beam_search": True, "temperature": 0.0}, timeout=60)
+        # Nine 16-token blocks hold two or three of the prompts with their outputs, not four: some were preempted
+        # and recomputed from token 0, their state afresh.
+        assert sum(value for name, value in metrics.items() if "preemption" in name) > 0, metrics
+        beams = server.beam_search(model, prompts[0])
         assert beams.status_code == 400 and "beam search is refused for this model" in beams.text, beams.text
     finally:
         server.stop()

@@ -28,7 +28,7 @@ def runner_for(checkpoint) -> ModelRunner:
 
 def test_a_full_attention_model_is_refused_the_small_budget(tiny_checkpoint) -> None:
     runner = runner_for(tiny_checkpoint("LlamaForCausalLM"))
-    assert runner.kv_cache.window is None
+    assert runner.kv_cache.windows == (None,)
     with pytest.raises(ValueError, match="fewer than max_model_len"):
         Engine(runner, max_num_batched_tokens=8, num_kv_blocks=BUDGET_BLOCKS)
 
@@ -37,7 +37,7 @@ def test_a_full_attention_model_is_refused_the_small_budget(tiny_checkpoint) -> 
 def test_windowed_requests_longer_than_the_budget_match_transformers(tiny_checkpoint, depth: int) -> None:
     checkpoint = tiny_checkpoint("MistralForCausalLM", sliding_window=WINDOW)
     runner = runner_for(checkpoint)
-    assert runner.kv_cache.window == WINDOW
+    assert runner.kv_cache.windows == (WINDOW,)
     generator = torch.Generator().manual_seed(11)
     vocab_size = runner.model_config.vocab_size
     prompts = [torch.randint(10, vocab_size, (n,), generator=generator).tolist() for n in (50, 57)]

@@ -77,7 +77,7 @@ def test_two_attention_ops_make_two_paged_groups_with_their_own_backends_and_met
     assert select("attention") is not select("mla_attention")
     layout = StepLayout([3, 1], [3, 5], [[0], [1, 2]], BLOCK_SIZE)
     slots = np.array([0, 1])
-    primary, metadata = groups.build_metadata(layout, slots, np.array([0, 4]), np.array([3, 1]),
+    primary, metadata = groups.build_metadata([layout], slots, np.array([0, 4]), np.array([3, 1]),
                                               torch.from_numpy(slots))
     assert set(metadata) == {"attention", "mla_attention"} and primary is metadata["attention"]
     batch = ForwardBatch(torch.zeros(4, dtype=torch.int64), primary, metadata)
@@ -91,6 +91,26 @@ def test_two_attention_ops_make_two_paged_groups_with_their_own_backends_and_met
     assert attention(*qkv, batch.metadata_for(attention)).isfinite().all()
     with pytest.raises(ValueError, match="no metadata for cache group 'state'"):
         batch.metadata_for(mixer())
+
+
+def test_a_proposers_layers_are_a_group_reading_the_pool_plus_their_scratch(model_config: ModelConfig) -> None:
+    target, draft = Attention(4, 2, 8, 8**-0.5), Attention(4, 2, 8, 8**-0.5)
+    groups = CacheGroups.of(target, select, MAX_NUM_SEQS, torch.float32, CPU)
+    with pytest.raises(ValueError, match=r"the proposer's layers use \['mla_attention'\]"):
+        dims = MLADims(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+        groups.add_proposer([MLAAttention(2, dims, 12**-0.5)], 2)
+    groups.add_proposer([draft], 3)
+    assert [group.name for group in groups.paged] == ["attention", "proposer"] and draft.cache_group == "proposer"
+    assert "proposer (1 layers, " in groups.describe() and "3 scratch blocks" in groups.describe()
+    page = bytes_per_block([target.kv_cache_spec(torch.float32)], BLOCK_SIZE)
+    cache = groups.allocate(model_config, CacheConfig(block_size=BLOCK_SIZE, kv_cache_memory_bytes=40 * page))
+    # The scratch is paid first; every remaining block id costs both layers' pages.
+    assert cache.num_blocks == (40 - 3) // 2 and cache.num_bytes == cache.num_blocks * 2 * page + 3 * page
+    assert target.bound()[0].shape[1] == cache.num_blocks and draft.bound()[0].shape[1] == cache.num_blocks + 3
+    assert draft.bound()[1] is target.bound()[1]
+    _, metadata = groups.build_metadata([StepLayout([1], [1], [[0]], BLOCK_SIZE)], np.array([0]), np.array([0]),
+                                        np.array([1]), torch.tensor([0]))
+    assert set(metadata) == {"attention"}, "the proposer builds its group's metadata itself"
 
 
 def test_a_model_without_cache_layers_is_refused() -> None:
@@ -110,7 +130,7 @@ def state_step(groups: CacheGroups, slots: list[int], starts: list[int], query_l
     seq_lens = [start + length for start, length in zip(starts, query_lens)]
     layout = StepLayout(query_lens, seq_lens, [list(range(16))] * len(slots), BLOCK_SIZE)
     slot_array = np.array(slots)
-    attention, metadata = groups.build_metadata(layout, slot_array, np.array(starts), np.array(query_lens),
+    attention, metadata = groups.build_metadata([layout], slot_array, np.array(starts), np.array(query_lens),
                                                 torch.from_numpy(slot_array))
     return ForwardBatch(torch.zeros(sum(query_lens), dtype=torch.int64), attention, metadata)
 

@@ -22,6 +22,7 @@ import pytest
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import GenerateRequest, ScheduledChunk, StepPlan, StepResult, TokenBatch, TokenLogprobs
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.scheduler_proc.request_state import FREED_BLOCK
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 
 VOCAB = 24
@@ -79,7 +80,11 @@ class _Slot:
     num_prompt_tokens: int
     params: SamplingParams
     num_computed: int = 0
-    blocks: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)  # per KV table, a block id per block of positions
+
+    @property
+    def blocks(self) -> list[int]:
+        return self.tables[0]
 
 
 GARBAGE = -1  # what a freshly allocated (zeroed, never written) KV position holds
@@ -111,7 +116,8 @@ class FakeWorker:
             del self.slots[slot]
         for new in plan.new_requests:
             assert 0 <= new.slot < config.max_num_seqs and new.slot not in self.slots
-            self.slots[new.slot] = _Slot(new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params)
+            self.slots[new.slot] = _Slot(new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params,
+                                         tables=[[] for _ in config.kv_windows])
             self.admissions.append(new.request_id)
         for chunk in plan.scheduled:
             self._write(chunk)
@@ -119,7 +125,9 @@ class FakeWorker:
         for chunk in plan.scheduled:
             state = self.slots[chunk.slot]
             if state.num_computed == len(state.tokens):
-                cached = [self.kv[state.blocks[p // block_size]][p % block_size] for p in range(state.num_computed)]
+                # A table reading the whole context holds every position; a windowed one was checked in `_write`.
+                cached = (state.tokens if config.kv_windows[0] is not None else
+                          [self.kv[state.blocks[p // block_size]][p % block_size] for p in range(state.num_computed)])
                 assert cached == state.tokens, "the KV cache was overwritten or a cache hit held other tokens"
                 token = pick(self.model, cached, state.num_prompt_tokens, state.params, config.eos_token_ids)
                 state.tokens.append(token)
@@ -127,16 +135,21 @@ class FakeWorker:
                 slots.append(chunk.slot)
                 token_ids.append(token)
                 logprobs.append(None if state.params.logprobs is None else TokenLogprobs(-float(token)))
-        assert all(0 <= block < config.num_kv_blocks for state in self.slots.values() for block in state.blocks)
+        assert all(0 <= block < config.num_kv_blocks for state in self.slots.values() for table in state.tables
+                   for block in table if block != FREED_BLOCK)
         has_logprobs = any(entry is not None for entry in logprobs)
         return StepResult(plan.step_id, slots, token_ids, logprobs if has_logprobs else [])
 
     def _write(self, chunk: ScheduledChunk) -> None:
-        """Extend the slot's block table and write the chunk's tokens into the simulated cache."""
-        block_size = self.config.block_size
+        """Extend the slot's block tables and write the chunk's tokens into the simulated cache, table by table; a
+        windowed table must then hold every position the chunk's tokens attend to (their windows)."""
+        block_size, windows = self.config.block_size, self.config.kv_windows
         state = self.slots[chunk.slot]
         start, end = chunk.num_computed_tokens, chunk.num_computed_tokens + chunk.num_new_tokens
-        assert start == state.num_computed + len(chunk.cached_block_ids) * block_size, \
+        num_cached, num_new = (len(ids) // len(windows) for ids in (chunk.cached_block_ids, chunk.new_block_ids))
+        assert (num_cached * len(windows), num_new * len(windows)) == (len(chunk.cached_block_ids),
+                                                                      len(chunk.new_block_ids)), "uneven tables"
+        assert start == state.num_computed + num_cached * block_size, \
             "a chunk must continue exactly where its slot stopped, after any cache hits"
         assert not chunk.cached_block_ids or not state.blocks, "cache hits only start a request's block table"
         assert chunk.num_new_tokens >= 1 and end <= len(state.tokens) and end <= self.config.max_model_len
@@ -144,24 +157,41 @@ class FakeWorker:
         for block in chunk.new_block_ids:
             assert holders.get(block, []) == [], "a freshly allocated block is held by a live slot"
             self.kv[block] = [GARBAGE] * block_size
-        state.blocks += chunk.cached_block_ids + chunk.new_block_ids
-        assert len(state.blocks) == -(-end // block_size), "blocks must cover the tokens, no more"
-        for position in range(start, end):
-            block, offset, token = state.blocks[position // block_size], position % block_size, state.tokens[position]
-            for other, index in holders.get(block, []):
-                # Sharing is only sound if everyone holding the block expects the same token there.
-                expected = other.tokens[index * block_size + offset] if other is not state else token
-                assert expected == token, "a block shared with another live slot is overwritten"
-            self.kv[block][offset] = token
+        for table, window in enumerate(windows):
+            cached = chunk.cached_block_ids[table * num_cached : (table + 1) * num_cached]
+            assert FREED_BLOCK not in cached[first_held(start, window, block_size):], \
+                "a hit leaves out a block the window reads"
+            state.tables[table] += cached + chunk.new_block_ids[table * num_new : (table + 1) * num_new]
+            blocks = state.tables[table]
+            assert len(blocks) == -(-end // block_size), "blocks must cover the tokens, no more"
+            for position in range(start, end):
+                block, offset, token = blocks[position // block_size], position % block_size, state.tokens[position]
+                for other, index in holders.get(block, []):
+                    # Sharing is only sound if everyone holding the block expects the same token there.
+                    expected = other.tokens[index * block_size + offset] if other is not state else token
+                    assert expected == token, "a block shared with another live slot is overwritten"
+                self.kv[block][offset] = token
+            if window is not None:
+                read = range(max(0, start - window + 1), end)
+                assert [self.kv[blocks[p // block_size]][p % block_size] for p in read] == \
+                    [state.tokens[p] for p in read], "a windowed table lost a position its window reads"
         state.num_computed = end
 
     def _holders(self) -> dict[int, list[tuple[_Slot, int]]]:
-        """block id -> (live slot, index in its block table) for every block some live slot holds."""
+        """block id -> (live slot, index in its block table) for every block some live slot holds: in a windowed
+        table, from the first block its next token's window reads (the scheduler may have freed those before)."""
         holders: dict[int, list[tuple[_Slot, int]]] = {}
         for state in self.slots.values():
-            for index, block in enumerate(state.blocks):
-                holders.setdefault(block, []).append((state, index))
+            for table, window in zip(state.tables, self.config.kv_windows):
+                first = first_held(state.num_computed, window, self.config.block_size)
+                for index in range(first, len(table)):
+                    holders.setdefault(table[index], []).append((state, index))
         return holders
+
+
+def first_held(num_computed: int, window: int | None, block_size: int) -> int:
+    """The first block a table still holds for a request with `num_computed` tokens (scheduler_proc's rule)."""
+    return 0 if window is None else max(0, num_computed - window) // block_size
 
 
 @dataclass

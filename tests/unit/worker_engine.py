@@ -30,7 +30,7 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             max_model_len=model.max_model_len, block_size=runner.cache_config.block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks or runner.num_blocks,
-            sliding_window=runner.kv_cache.window, recurrent_state=runner.cache_groups.num_state_layers > 0,
+            kv_windows=runner.kv_cache.windows, recurrent_state=runner.cache_groups.num_state_layers > 0,
             eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching))
         self.worker = Worker(runner)

@@ -4,9 +4,9 @@ Paged layers declare a `KVCacheSpec` (`kv_cache_spec(dtype)`): full attention ke
 ([2, blocks, block_size, kv_heads, head_dim]; fp8 or nvfp4 storage with `kv_quant.py`), MLA one latent per
 token ([blocks, block_size, kv_lora_rank + qk_rope_head_dim]), DeepSeek-V4 one row per token holding its K=V and
 its compressors' inputs and entries (`DeepseekV4Spec`). All paged layers share block ids, so one block costs the
-sum of every paged layer's bytes for it, and a byte budget buys blocks by that sum. A recurrent layer (Gated
-DeltaNet, Mamba) declares a `StateSpec` instead: fixed-size state per request, one row per input-batch slot,
-whatever the context length. The layouts here are the contract between the worker that allocates and the
+sum of its tensors' bytes for it (`kv_tables.py`: tables of windowed and full layers share tensors), and a byte
+budget buys blocks by that sum. A recurrent layer (Gated DeltaNet, Mamba) declares a `StateSpec` instead:
+fixed-size state per request, one row per input-batch slot, whatever the context length. The layouts here are the contract between the worker that allocates and the
 backends and layers that read them.
 Usage: `num_blocks_for_budget(specs, block_size, budget)`; `spec.allocate(num_blocks, block_size, device)`;
 `state_spec.allocate(num_slots, device)`.
@@ -53,7 +53,7 @@ class KVCacheSpec(ABC):
 
 @dataclass(frozen=True)
 class FullAttentionSpec(KVCacheSpec):
-    """K and V per KV head. With a window in every layer (`kv_window`) the scheduler frees blocks behind it."""
+    """K and V per KV head. Blocks behind a window go back to the pool (`kv_tables.py`)."""
 
     num_kv_heads: int
     head_dim: int
@@ -154,17 +154,8 @@ class StateSpec:
         return tuple(torch.zeros((num_slots, *shape), dtype=self.dtype, device=device) for shape in self.shapes)
 
 
-def kv_window(specs: Sequence[KVCacheSpec]) -> int | None:
-    """The longest attention window when every layer attends through one (blocks behind it can be freed);
-    None when any layer keeps its whole context."""
-    windows = [spec.sliding_window if isinstance(spec, FullAttentionSpec) else None for spec in specs]
-    if not windows or None in windows:
-        return None
-    return max(windows)
-
-
 def bytes_per_block(specs: Sequence[KVCacheSpec], block_size: int) -> int:
-    """What one block id costs across every layer (each layer holds its own page for it)."""
+    """What one block id costs across the tensors of `specs` (each holds its own page for it)."""
     return sum(spec.bytes_per_block(block_size) for spec in specs)
 
 
