@@ -29,7 +29,7 @@ MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwe
                                "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens", "cache_aware")
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                           "Qwen3ForCausalLM"}) | MOE_ARCHITECTURES
+                                           "Qwen3ForCausalLM", "Lfm2ForCausalLM"}) | MOE_ARCHITECTURES
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,24 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         return sum(self.output_sizes[:shard_id]) // self.tp_size, rows, self.tp_rank * rows
 
 
+class ChunkedColumnParallelLinear(MergedColumnParallelLinear):
+    """A merged layer whose checkpoint stores the stacked matrix whole (LFM2's in_proj: B, C and x chunks): each
+    chunk is sharded over ranks on its own, so a rank's slice of every chunk lines up with its channels."""
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if shard_id is not None:
+            super().weight_loader(param, loaded, shard_id)
+            return
+        if loaded.shape[0] != sum(self.output_sizes):
+            raise ValueError(f"checkpoint tensor of {loaded.shape[0]} rows does not hold the chunks "
+                             f"{self.output_sizes}")
+        for index, rows in enumerate(self.output_sizes):
+            super().weight_loader(param, loaded.narrow(0, sum(self.output_sizes[:index]), rows), index)
+
+    def shard_ids(self) -> tuple[str | int | None, ...]:
+        return (None,)
+
+
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one weight, split over ranks by attention head.
 

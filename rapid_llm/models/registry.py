@@ -33,6 +33,7 @@ _MODELS: Registry[type[torch.nn.Module]] = Registry("architecture", {
     "DeepseekV2ForCausalLM": "rapid_llm.models.deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "rapid_llm.models.deepseek:DeepseekV3ForCausalLM",
     "DeepseekV4ForCausalLM": "rapid_llm.models.deepseek_v4:DeepseekV4ForCausalLM",
+    "Lfm2ForCausalLM": "rapid_llm.models.lfm2:Lfm2ForCausalLM",
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",

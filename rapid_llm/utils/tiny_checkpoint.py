@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                            "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM",
-                           "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM")
+                           "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -57,6 +57,7 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
     "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
     "DeepseekV4ForCausalLM": transformers.DeepseekV4Config,
+    "Lfm2ForCausalLM": transformers.Lfm2Config,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
@@ -86,6 +87,12 @@ _DSV4_DEFAULTS: dict[str, object] = {
     "index_n_heads": 8, "index_head_dim": 16, "index_topk": 3,
     "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
+# LFM2: short-conv layers first and last with an attention layer between, a conv bias, and an MLP width the
+# auto-adjust rule rounds (2/3 of 128 = 85 -> 96 with multiples of 16).
+_LFM2_DEFAULTS: dict[str, object] = {
+    "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_bias": True,
+    "conv_L_cache": 3, "block_multiple_of": 16,
+}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
     "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
@@ -94,6 +101,7 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "DeepseekV2ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": None},
     "DeepseekV3ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": 48, "n_group": 2, "topk_group": 1},
     "DeepseekV4ForCausalLM": _DSV4_DEFAULTS,
+    "Lfm2ForCausalLM": _LFM2_DEFAULTS,
 }
 
 _CORPUS = r'''

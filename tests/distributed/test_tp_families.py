@@ -2,7 +2,8 @@
 checkpoint: 32 greedy tokens equal, prompt and output logprobs within LOGPROB_TOLERANCE.
 
 The Llama case has one KV head (replicated on both ranks), a tied LM head and a vocabulary of 515 rows
-(padded to 516 over the ranks); Qwen2 adds q/k/v biases, Qwen3 per-head q/k norms, Mistral a sliding window.
+(padded to 516 over the ranks); Qwen2 adds q/k/v biases, Qwen3 per-head q/k norms, Mistral a sliding window, LFM2
+short-conv layers whose channels (and conv state) are split over the ranks.
 Only the first runs by default (one engine start each, ~20 s on 2 cores); the others are marked slow.
 """
 
@@ -19,6 +20,7 @@ from tests.distributed.golden import assert_matches_transformers
     pytest.param("Qwen2ForCausalLM", {}, id="qwen2", marks=pytest.mark.slow),
     pytest.param("Qwen3ForCausalLM", {}, id="qwen3", marks=pytest.mark.slow),
     pytest.param("MistralForCausalLM", {"sliding_window": 8}, id="mistral-sliding-window", marks=pytest.mark.slow),
+    pytest.param("Lfm2ForCausalLM", {}, id="lfm2-short-conv-channels-split", marks=pytest.mark.slow),
 ])
 def test_tp2_matches_transformers(tiny_checkpoint, architecture: str, overrides: dict) -> None:
     assert_matches_transformers(tiny_checkpoint(architecture, **overrides), 2, architecture)

@@ -17,6 +17,7 @@ import torch
 from rapid_llm.config import ModelConfig
 from rapid_llm.utils.plugins import PLUGINS_ENV
 from tests.e2e.server import ServerProcess
+from tests.e2e.state_models import check_served_state_model
 from tests.models.recurrent_double import build_recurrent_double, reference_greedy, reference_model
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -35,17 +36,9 @@ def test_the_recurrent_double_is_served_through_a_plugin(tmp_path: Path) -> None
                            "--num-kv-blocks", "9", "--max-model-len", "128", "--dtype", "float32",
                            env={PLUGINS_ENV: "tests.models.recurrent_double_plugin", "PYTHONPATH": python_path})
     try:
-        model = str(checkpoint)
-        assert server.greedy_token_ids(model, prompts, NEW_TOKENS) == expected
-        # Repeated: cached blocks would be hits for a model of paged layers only; this one finds none.
-        assert server.greedy_token_ids(model, prompts[1:2], NEW_TOKENS, timeout=60) == expected[1:2]
-        metrics = server.metrics()
-        assert metrics["rapid_llm:prefix_cache_queries_total"] > 0
-        assert metrics["rapid_llm:prefix_cache_hits_total"] == 0
-        # Nine 16-token blocks hold two or three of the prompts with their outputs, not four: some were preempted
-        # and recomputed from token 0, their state afresh.
-        assert sum(value for name, value in metrics.items() if "preemption" in name) > 0, metrics
-        beams = server.beam_search(model, prompts[0])
+        # Nine 16-token blocks hold two or three of the prompts with their outputs, not four.
+        check_served_state_model(server, str(checkpoint), prompts, expected, NEW_TOKENS)
+        beams = server.beam_search(str(checkpoint), prompts[0])
         assert beams.status_code == 400 and "beam search is refused for this model" in beams.text, beams.text
     finally:
         server.stop()

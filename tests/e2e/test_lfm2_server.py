@@ -1,0 +1,34 @@
+"""LFM2 (short-conv layers in the state group beside an attention layer) served by the real server.
+
+A batch of prompts with chunked prefill (an 8-token budget), async scheduling and preemption (16 blocks of 4
+tokens hold two or three of the requests at once) must give transformers' greedy tokens; prefix caching is on and
+finds no hits (conv state is not kept per block).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
+from tests.e2e.server import ServerProcess
+from tests.e2e.state_models import check_served_state_model
+from tests.hf_reference import hf_greedy, hf_model
+
+NEW_TOKENS = 12
+
+
+def test_lfm2_is_served_with_chunking_and_preemption(tmp_path: Path) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path / "lfm2", "Lfm2ForCausalLM")
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(10, 500, (n,), generator=generator).tolist() for n in (23, 30, 9, 17)]
+    prompts.append(prompts[1][:16] + prompts[3][:10])
+    expected = hf_greedy(hf_model(checkpoint, torch.float32), prompts, NEW_TOKENS)
+    server = ServerProcess("--model", str(checkpoint), "--block-size", "4", "--num-kv-blocks", "16",
+                           "--max-num-batched-tokens", "8", "--max-num-seqs", "4", "--max-model-len", "64",
+                           "--dtype", "float32")
+    try:
+        check_served_state_model(server, str(checkpoint), prompts, expected, NEW_TOKENS)
+    finally:
+        server.stop()
