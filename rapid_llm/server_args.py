@@ -67,6 +67,10 @@ class ServerArgs:
                                         "CPU: 4GiB; on GPU: --gpu-memory-utilization)."})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "Exact number of KV blocks (overrides "
                                       "--kv-cache-memory)."})
+    max_state_snapshots: int | None = field(default=None, metadata={"help": "Recurrent-state snapshots kept at "
+                                            "block boundaries so that models with state layers (short conv, "
+                                            "recurrent) get prefix-cache hits (default: --max-num-seqs, 0 with "
+                                            "prefix caching off; 0 turns their hits off)."})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Share of GPU memory for weights and "
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype: auto (= model "
@@ -270,6 +274,8 @@ class ServerArgs:
             kv_cache_memory_bytes=parse_size(self.kv_cache_memory, "--kv-cache-memory") if self.kv_cache_memory else None,
             num_blocks=self.num_kv_blocks,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            state_snapshots=(self.max_state_snapshots if self.max_state_snapshots is not None else
+                             self.max_num_seqs if self.enable_prefix_caching else 0),
         )
         default_budget = 8192 if device.type == "cuda" else 2048
         scheduler = SchedulerConfig(

@@ -23,13 +23,16 @@ NOT_BUILT_KV_CACHE_DTYPES = ("fp8_e5m2",)
 @dataclass(frozen=True)
 class CacheConfig:
     """block_size tokens per KV block; the pool is sized by `num_blocks` if given, else by
-    `kv_cache_memory_bytes`, else (CUDA) `gpu_memory_utilization` of the device or (CPU) 4 GiB."""
+    `kv_cache_memory_bytes`, else (CUDA) `gpu_memory_utilization` of the device or (CPU) 4 GiB.
+    `state_snapshots`: rows of recurrent state kept at block boundaries for prefix-cache hits of models with state
+    layers (paid from the budget before the blocks; 0: such models get no hits)."""
 
     block_size: int = 16
     cache_dtype: str = "auto"
     kv_cache_memory_bytes: int | None = None
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
+    state_snapshots: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 1024:
@@ -38,6 +41,8 @@ class CacheConfig:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_bytes} bytes")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"--num-kv-blocks must be at least 1, got {self.num_blocks}")
+        if self.state_snapshots < 0:
+            raise ValueError(f"--max-state-snapshots must be at least 0, got {self.state_snapshots}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.cache_dtype in NOT_BUILT_KV_CACHE_DTYPES:

@@ -24,7 +24,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     (docs/spec_decode/README.md). `itl_target_ms` (None: off) cuts prompt chunks while requests decode, so
     a step is predicted, from measured step times, to take at most that long (scheduler_proc/step_cost.py).
     `recurrent_state` is filled in from the worker: some layers keep per-request state (a state cache group), so
-    the prefix cache finds no hits and beam search is refused (worker_proc/cache_groups.py).
+    beam search is refused, and a prefix hit also needs a snapshot of the state at its end: `state_snapshots`
+    (from the worker) is how many it keeps (0: no hits; scheduler_proc/prefix_cache.py).
     """
 
     max_model_len: int
@@ -34,6 +35,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_kv_blocks: int = 0
     kv_windows: tuple[int | None, ...] = (None,)
     recurrent_state: bool = False
+    state_snapshots: int = 0
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True

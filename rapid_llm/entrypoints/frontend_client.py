@@ -27,6 +27,8 @@ def frontend_client(engine: EngineProcesses, tokenizer: Any,
     server_info = {**config.summary(), "num_kv_blocks": scheduler_info["num_kv_blocks"],
                    "kv_cache_tokens": worker_info["kv_cache_tokens"], "kv_cache_bytes": worker_info["kv_cache_bytes"],
                    "weight_bytes": worker_info["weight_bytes"], "ops": worker_info["ops"],
+                   "state_cache_bytes": worker_info["state_cache_bytes"],
+                   "state_snapshots": worker_info["state_snapshots"],
                    "cpu_threads": worker_info["cpu_threads"],
                    "cpu_threads_long_steps": worker_info["cpu_threads_long_steps"], "version": rapid_llm.__version__,
                    "data_parallel_size": parallel.data_parallel_size, "nnodes": parallel.nnodes}

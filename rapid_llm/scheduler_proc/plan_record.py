@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rapid_llm.ipc.messages import BlockCopy, LastToken, NewRequest, ScheduledChunk
 from rapid_llm.scheduler_proc.request_state import RequestState
+from rapid_llm.scheduler_proc.state_snapshots import SnapshotSave
 from rapid_llm.scheduler_proc.step_cost import PrefillAllowance
 
 
@@ -25,6 +26,7 @@ class StepRecord:
     # speculation, where nobody reads it).
     decode_only: bool
     features: tuple[int, int]  # (tokens, attention pairs): what the step cost model learns the time of
+    snapshot_saves: list[SnapshotSave] = field(default_factory=list)  # kept once the result arrives
 
 
 @dataclass
@@ -37,3 +39,4 @@ class PlanDraft:
     proposals: dict[RequestState, list[int]] = field(default_factory=dict)  # the n-gram proposer's drafts
     last_tokens: list[LastToken] = field(default_factory=list)
     block_copies: list[BlockCopy] = field(default_factory=list)
+    snapshot_saves: list[SnapshotSave] = field(default_factory=list)

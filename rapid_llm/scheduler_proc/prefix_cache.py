@@ -7,8 +7,7 @@ still being written are safe because the worker executes plans in order (see `re
 A hit must hold in every cache group (vLLM intersects the groups' hits): each KV table registers its blocks under
 its own key, and a hit of n blocks needs a table reading the whole context to cache all n, a windowed table only
 those its window reads after them (vLLM's sliding-window manager); a block a window freed before it was full is
-never offered. A model with recurrent layers (a state group, which keeps nothing per block) never hits, and its
-blocks are not registered.
+never offered. A model with state layers also needs a snapshot of its state after block n (state_snapshots.py).
 Usage: `hits = cache.lookup(request)`, `cache.take(request, hits)` at admission;
 `cache.register_full_blocks(request)` whenever a request's computed or known tokens grow.
 """
@@ -18,6 +17,7 @@ from __future__ import annotations
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState
+from rapid_llm.scheduler_proc.state_snapshots import StateSnapshots
 from rapid_llm.utils.block_hash import BlockHash
 
 
@@ -30,8 +30,10 @@ class PrefixCache:
     def __init__(self, blocks: BlockManager, config: SchedulerConfig) -> None:
         self._blocks = blocks
         self.enabled = config.enable_prefix_caching
-        # A state group's hits are always empty, so the intersection over groups is too.
-        self.hits_possible = not config.recurrent_state
+        # A model with state layers hits only where a snapshot of its state at the hit's end is kept.
+        self.snapshots = (StateSnapshots(config.state_snapshots, config.block_size)
+                          if config.recurrent_state and config.state_snapshots and self.enabled else None)
+        self.hits_possible = not config.recurrent_state or self.snapshots is not None
         self.block_size = config.block_size
         self.windows = config.kv_windows
         self.queries = 0  # tokens looked up at admissions, since start
@@ -55,9 +57,9 @@ class PrefixCache:
         num_hits = min((len(run) for run in runs.values()), default=max_blocks)
         windowed = {table: [self._blocks.cached_block(table_key(h, table)) for h in hashes[:num_hits]]
                     for table, window in enumerate(self.windows) if window is not None}
-        # A windowed table needs only the blocks the next token's window reads: the longest hit they are cached for.
-        while num_hits and any(None in found[self.first_read(table, num_hits):num_hits]
-                               for table, found in windowed.items()):
+        # A windowed table needs only the blocks the next token's window reads, a state group the snapshot after the
+        # last block: the longest hit they hold for.
+        while num_hits and not self._holds(num_hits, windowed, hashes):
             num_hits -= 1
         hits: list[int] = []
         for table in range(len(self.windows)):
@@ -67,6 +69,11 @@ class PrefixCache:
                 first = self.first_read(table, num_hits)
                 hits += [FREED_BLOCK] * first + windowed[table][first:num_hits]
         return hits
+
+    def _holds(self, num_hits: int, windowed: dict[int, list[int | None]], hashes: list[BlockHash]) -> bool:
+        if any(None in found[self.first_read(table, num_hits):num_hits] for table, found in windowed.items()):
+            return False
+        return self.snapshots is None or self.snapshots.snapshot_of(hashes[num_hits - 1]) is not None
 
     def first_read(self, table: int, num_blocks: int) -> int:
         """The first block a table must hold for a request whose first `num_blocks` blocks are computed: what the
@@ -84,6 +91,8 @@ class PrefixCache:
         request.num_freed = [self.first_read(table, num_blocks) for table in range(len(self.windows))]
         request.num_registered_blocks = num_blocks
         request.num_computed_tokens = num_cached
+        if self.snapshots is not None and num_blocks:
+            request.state_load = self.snapshots.snapshot_of(request.block_hashes(num_blocks)[num_blocks - 1])
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
         if self.enabled:

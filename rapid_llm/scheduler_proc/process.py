@@ -65,7 +65,8 @@ class SchedulerLoop:
         if not isinstance(ready, WorkerReady):
             raise WorkerFailedError(f"expected WorkerReady from rank 0, got {type(ready).__name__}")
         self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks, kv_windows=ready.kv_windows,
-                                              recurrent_state=ready.num_state_layers > 0)
+                                              recurrent_state=ready.num_state_layers > 0,
+                                              state_snapshots=ready.num_state_snapshots)
         self.scheduler = Scheduler(self.config)
         self.depth = 2 if config.async_scheduling else 1
         self.poller = zmq.Poller()

@@ -46,6 +46,7 @@ class RequestState:
         self.draft_token_ids: list[int] = []
         self.speculates = False
         self.num_computed_tokens = 0
+        self.state_load = -1  # a state snapshot its next chunk starts from (a prefix hit of a model with state)
         # Per KV table (ops/attention/kv_tables.py), a block id per block of positions, FREED_BLOCK once the table's
         # window has passed it; every table holds as many entries. How many leading entries each has freed.
         self.block_tables: list[list[int]] = [[] for _ in range(num_tables)]
@@ -201,6 +202,7 @@ class RequestState:
         self.num_placeholders = 0
         self.draft_token_ids = []
         self.num_computed_tokens = 0
+        self.state_load = -1
         self.clear_blocks()
         self.num_registered_blocks = 0
         self.slot = None

@@ -95,7 +95,8 @@ class Scheduler(StepResults):
             chunk.num_new_tokens == 1 + len(chunk.draft_token_ids) and chunk.slot in draft.samplers
             for chunk in draft.chunks)
         features = step_features((chunk.num_computed_tokens, chunk.num_new_tokens) for chunk in draft.chunks)
-        self._inflight.append(StepRecord(self._next_step_id, draft.samplers, decode_only, features))
+        self._inflight.append(StepRecord(self._next_step_id, draft.samplers, decode_only, features,
+                                         draft.snapshot_saves))
         self._next_step_id += 1
         return plan
 
@@ -192,6 +193,9 @@ class Scheduler(StepResults):
         num_new = min(request.num_tokens - num_computed, draft.budget)
         if num_new > 1 and draft.prefill is not None:
             num_new = draft.prefill.cap(num_computed, num_new)
+        snapshots = self._prefix_cache.snapshots
+        if snapshots is not None:
+            num_new = snapshots.cut(num_computed, num_new, request.num_tokens)
         reaches_end = num_computed + num_new == request.num_tokens
         if reaches_end and not request.can_sample():
             return 0
@@ -212,8 +216,15 @@ class Scheduler(StepResults):
         if num_new > 1 and not drafts and draft.prefill is not None:
             draft.prefill.count(request.num_computed_tokens, num_new,
                                 ends_prompt=request.num_computed_tokens + num_new == request.num_tokens)
+        snapshots = self._prefix_cache.snapshots
+        save = None if snapshots is None else snapshots.save_for(request, request.num_computed_tokens + num_new)
+        if save is not None:
+            draft.snapshot_saves.append(save)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
-                                           cached_block_ids or [], drafts or [], self.drafts_after(request)))
+                                           cached_block_ids or [], drafts or [], self.drafts_after(request),
+                                           state_load=request.state_load,
+                                           state_save=-1 if save is None else save.snapshot))
+        request.state_load = -1
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new
         draft.budget -= num_new

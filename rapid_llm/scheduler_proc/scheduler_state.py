@@ -69,6 +69,8 @@ class SchedulerState:
         if self.has_unfinished_requests():
             return False
         self._blocks.reset_cache()
+        if self._prefix_cache.snapshots is not None:
+            self._prefix_cache.snapshots.reset()
         return True
 
     # ---- ending and restarting requests ------------------------------------------------------

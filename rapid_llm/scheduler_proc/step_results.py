@@ -27,6 +27,8 @@ class StepResults(SchedulerState):
     def process_result(self, result: StepResult) -> None:
         record = self._pop_record(result)
         self._num_steps_done += 1
+        if record.snapshot_saves:
+            self._prefix_cache.snapshots.commit(record.snapshot_saves, {failure.slot for failure in result.failures})
         if result.step_seconds > 0:
             self._step_cost.observe(record.features, result.step_seconds)
         # Failures first: recomputing the requests that read a failed request's blocks makes this

@@ -5,11 +5,11 @@ Paged groups, one per attention op and KV table, keep KV per token in blocks, wi
 selected, and build their metadata once per step from their table's rows; all draw from the scheduler's one pool
 of block ids (sliding-window layers mixed with full ones read tables of their own: ops/attention/kv_tables.py).
 A worker-side proposer's layers (draft model, MTP) are a paged group too (`add_proposer`): table 0 plus scratch
-blocks per slot past the pool; the proposer builds their metadata itself. The state group holds recurrent layers'
-per-request state (layers/state_layer.py). Budget: state rows first (max_num_seqs + 1 per state layer, whatever
-the context), the paged groups share the rest by block (a block id costs its distinct tensors' bytes). A model
-with a state group gets no prefix-cache hits, speculative decoding, beam search or CUDA graphs (state cannot be
-shared per block, rolled back, forked, or its step captured yet); the worker reports the group in WorkerReady.
+blocks per slot past the pool; the proposer builds their metadata itself. The state group holds recurrent
+layers' per-request state and its snapshots for prefix hits (worker_proc/state_group.py). Budget: state rows
+first (max_num_seqs + 1 + snapshots per state layer, whatever the context), the paged groups share the rest by
+block (a block id costs its distinct tensors' bytes). A model with a state group gets no speculative decoding,
+beam search or CUDA graphs (state cannot be rolled back, forked, or its step captured yet).
 Usage: `groups = CacheGroups.of(model, select, max_num_seqs, dtype, device)`; `groups.add_proposer(layers, n)`;
 `kv_cache = groups.allocate(model_config, cache_config)`; per step `groups.build_metadata(layouts, slots, ...)`.
 """
@@ -26,13 +26,13 @@ from torch import nn
 
 from rapid_llm.config import CacheConfig, ModelConfig
 from rapid_llm.layers.attention import PagedAttentionLayer
-from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer, StateMetadata
+from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer
 from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.attention.kv_tables import KVTables, kv_tables
 from rapid_llm.ops.registry import REGISTRY
-from rapid_llm.utils.host_staging import to_device
 from rapid_llm.worker_proc.kv_cache import KVCache, allocate_kv_cache
+from rapid_llm.worker_proc.state_group import StateGroup
 
 logger = logging.getLogger(__name__)
 
@@ -75,52 +75,6 @@ class PagedGroup:
         return self.op if self.table == 0 else f"{self.op}@{self.table}"
 
 
-class StateGroup:
-    """Every state layer's tensors, a row per input-batch slot plus the padding row, and per slot the number of
-    tokens its state has folded in (host), which a step must continue from or restart at 0."""
-
-    def __init__(self, layers: list[StateLayer], max_num_seqs: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.layers = layers
-        self.specs = [layer.state_spec(dtype) for layer in layers]
-        self.num_slots = max_num_seqs + 1
-        self.device = device
-        self.num_tokens = np.zeros(self.num_slots, dtype=np.int64)
-
-    @property
-    def num_bytes(self) -> int:
-        return self.num_slots * sum(spec.bytes_per_slot() for spec in self.specs)
-
-    def allocate(self) -> None:
-        for layer, spec in zip(self.layers, self.specs):
-            layer.bind(spec.allocate(self.num_slots, self.device))
-
-    def forget(self, slots: Sequence[int]) -> None:
-        """Forget what these slots' states folded in (a request left or entered them)."""
-        self.num_tokens[list(slots)] = 0
-
-    def build_metadata(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray,
-                       slots_on_device: torch.Tensor, common: AttentionMetadata) -> StateMetadata:
-        """The step's state metadata; zeroes the rows of sequences starting at token 0. A chunk starting elsewhere
-        must continue exactly where its slot's state stopped: state cannot be restored from cached blocks or
-        rolled back, so anything else would be wrong output, and is refused."""
-        stale = (starts != 0) & (starts != self.num_tokens[slots])
-        if stale.any():
-            row = int(np.flatnonzero(stale)[0])
-            raise ValueError(f"slot {slots[row]}: the step continues from token {starts[row]}, but its recurrent "
-                             f"state holds {self.num_tokens[slots[row]]} tokens (state is neither cached per block "
-                             "nor rolled back: a chunk must start at 0 or where the state stopped)")
-        fresh = starts == 0
-        fresh_slots, has_initial_state = to_device(
-            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64))], self.device)
-        if fresh.any():
-            for layer in self.layers:
-                for tensor in layer.bound():
-                    tensor.index_fill_(0, fresh_slots, 0)
-        self.num_tokens[slots] = starts + query_lens
-        return StateMetadata(slots_on_device, slots_on_device[common.seq_index], common.query_start_loc,
-                             has_initial_state.bool(), int(query_lens.max()))
-
-
 def split_by_table(paged: list[PagedGroup], table_of: dict[int, int]) -> list[PagedGroup]:
     """One paged group per op and KV table (table 0's first); each layer is named into its group."""
     split = [PagedGroup(group.op, members, group.backend, table)
@@ -145,7 +99,7 @@ class CacheGroups:
 
     @classmethod
     def of(cls, model: nn.Module, select: Callable[[str], Any], max_num_seqs: int, dtype: torch.dtype,
-           device: torch.device) -> CacheGroups:
+           device: torch.device, num_snapshots: int = 0) -> CacheGroups:
         """Group `model`'s cache-holding layers: a paged group per attention op (in the order the ops first
         appear, each with `select(op)` as its backend), one state group for the recurrent layers."""
         by_op: dict[str, list[PagedAttentionLayer]] = {}
@@ -161,7 +115,7 @@ class CacheGroups:
         paged = [PagedGroup(op, layers, select(op)) for op, layers in by_op.items()]
         layers = [layer for group in paged for layer in group.layers]
         tables = kv_tables([layer.kv_cache_spec(dtype) for layer in layers])
-        state = StateGroup(state_layers, max_num_seqs, dtype, device) if state_layers else None
+        state = StateGroup(state_layers, max_num_seqs, num_snapshots, dtype, device) if state_layers else None
         return cls(split_by_table(paged, dict(zip(map(id, layers), tables.table_of))), tables, state, max_num_seqs,
                    device)
 
@@ -211,6 +165,34 @@ class CacheGroups:
         """A request left or entered these slots: their state (if the model keeps any) starts afresh."""
         if self.state is not None:
             self.state.forget(slots)
+
+    @property
+    def state_bytes(self) -> int:
+        """What the state group's rows take (slots, padding row, snapshots; 0 without one)."""
+        return self.state.num_bytes if self.state is not None else 0
+
+    @property
+    def num_snapshots(self) -> int:
+        """State snapshot rows the scheduler may name (0 without a state group)."""
+        return self.state.num_snapshots if self.state is not None else 0
+
+    def load_snapshots(self, chunks: Sequence[Any]) -> None:
+        """Before a step: chunks starting from a prefix hit take their state from the hit's snapshot."""
+        loads = [chunk for chunk in chunks if chunk.state_load >= 0]
+        if loads:
+            self._snapshot_state().load([chunk.slot for chunk in loads], [chunk.state_load for chunk in loads],
+                                        [chunk.num_computed_tokens for chunk in loads])
+
+    def save_snapshots(self, chunks: Sequence[Any]) -> None:
+        """After a step's forward: chunks ending at a block boundary keep their state in the named snapshot."""
+        saves = [chunk for chunk in chunks if chunk.state_save >= 0]
+        if saves:
+            self._snapshot_state().save([chunk.slot for chunk in saves], [chunk.state_save for chunk in saves])
+
+    def _snapshot_state(self) -> StateGroup:
+        if self.state is None:
+            raise ValueError("a chunk names a state snapshot, but this model keeps no recurrent state")
+        return self.state
 
     def check_speculative(self, method: str | None) -> None:
         """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet, nor

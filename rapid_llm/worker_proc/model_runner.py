@@ -61,6 +61,8 @@ class Chunk(Protocol):
     num_computed_tokens: int
     num_new_tokens: int
     draft_token_ids: Sequence[int]  # the last len(draft_token_ids) tokens computed are drafts to verify
+    state_load: int  # a state snapshot to start from (a prefix hit of a model with state), else -1
+    state_save: int  # a state snapshot to keep the state after the chunk in, else -1
 
 
 @dataclass
@@ -76,6 +78,8 @@ class ScheduledRequest:
     block_table: Sequence[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     draft_token_ids: Sequence[int] = ()  # written after output_token_ids by `execute`
+    state_load: int = -1
+    state_save: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -112,7 +116,7 @@ class ModelRunner:
         # layers), and a state group for recurrent layers.
         self.cache_groups = CacheGroups.of(
             self.model, lambda op: select_backend(op, self.device, model_config, cache_config, self.op_choices),
-            max_num_seqs, model_config.dtype, self.device)
+            max_num_seqs, model_config.dtype, self.device, cache_config.state_snapshots)
         self.cache_groups.check_speculative(speculative.method if speculative is not None else None)
         self.backend = self.cache_groups.primary_backend
         logger.info("cache groups: %s", self.cache_groups.describe())
@@ -259,7 +263,9 @@ class ModelRunner:
                                         count=len(chunks))
         self._validate(slots, query_lens, ends)
         batch.flush_blocks()
+        self.cache_groups.load_snapshots(chunks)
         hidden_states = self._forward(slots, query_lens, ends)
+        self.cache_groups.save_snapshots(chunks)
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
             prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))

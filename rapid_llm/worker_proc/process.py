@@ -70,9 +70,12 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         num_blocks = tp_min(runner.num_blocks)
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=num_blocks, kv_windows=runner.kv_cache.windows,
-                                     num_state_layers=runner.cache_groups.num_state_layers))
+                                     num_state_layers=runner.cache_groups.num_state_layers,
+                                     num_state_snapshots=runner.cache_groups.num_snapshots))
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
+                             "state_cache_bytes": runner.cache_groups.state_bytes,
+                             "state_snapshots": runner.cache_groups.num_snapshots,
                              "ops": runner.op_choices,
                              "cpu_threads": thread_policy.short_step_threads if thread_policy else None,
                              "cpu_threads_long_steps": thread_policy.long_step_threads if thread_policy else None})

@@ -1,14 +1,15 @@
 """LFM2 (short-conv layers in the state group beside an attention layer) served by the real server.
 
 A batch of prompts with chunked prefill (an 8-token budget), async scheduling and preemption (16 blocks of 4
-tokens hold two or three of the requests at once) must give transformers' greedy tokens; prefix caching is on and
-finds no hits (conv state is not kept per block).
+tokens hold two or three of the requests at once) must give transformers' greedy tokens, and a repeated prompt
+starts from a prefix hit: its KV blocks and the conv state snapshot at its last block boundary.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import torch
 
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
@@ -29,6 +30,9 @@ def test_lfm2_is_served_with_chunking_and_preemption(tmp_path: Path) -> None:
                            "--max-num-batched-tokens", "8", "--max-num-seqs", "4", "--max-model-len", "64",
                            "--dtype", "float32")
     try:
+        info = httpx.get(f"{server.base_url}/server_info", timeout=10).raise_for_status().json()
+        # The default keeps a snapshot per --max-num-seqs; the state rows (slots, padding, snapshots) are reported.
+        assert info["state_snapshots"] == 4 and info["state_cache_bytes"] > 0, info
         check_served_state_model(server, str(checkpoint), prompts, expected, NEW_TOKENS)
     finally:
         server.stop()

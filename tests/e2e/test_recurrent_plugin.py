@@ -3,8 +3,8 @@
 The launcher, scheduler, detokenizer and worker each import tests.models.recurrent_double_plugin (which registers
 the double by its "module:Class" target); the worker builds the model with a state cache group. A batch of
 prompts with chunked prefill, async scheduling and preemption (a 9-block KV cache) must give the double's
-full-sequence reference greedy tokens, with prefix caching on and no hits; a beam-search request is refused with
-the reason.
+full-sequence reference greedy tokens, and a repeated prompt starts from a prefix hit (KV blocks and the state
+snapshot at its last block boundary); a beam-search request is refused with the reason.
 """
 
 from __future__ import annotations

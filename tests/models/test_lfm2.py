@@ -4,7 +4,8 @@ the worker in one process against transformers.
 tests/models/test_hf_parity.py checks its logits and greedy tokens in the shared paged harness (LFM2 is one of the
 tiny checkpoint's architectures); here it runs with chunked prefill (an 8-token budget), lock-step and async
 scheduling, preemption under a small KV budget (a preempted request restarts its conv state at token 0) and
-prefix caching on (no hits: conv state is not kept per block).
+prefix caching on: with state snapshots a hit starts from the conv state saved at its last block, without them
+there are no hits.
 """
 
 from __future__ import annotations
@@ -57,19 +58,26 @@ def test_the_short_conv_continues_each_sequence_from_its_state() -> None:
     assert torch.equal(state[0], original[0]), "a slot outside the step keeps its state"
 
 
+@pytest.mark.parametrize("snapshots", [0, 16], ids=["no-snapshots", "snapshots"])
 @pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
-def test_lfm2_under_chunking_preemption_and_prefix_caching_matches_transformers(tiny_checkpoint, depth: int) -> None:
+def test_lfm2_under_chunking_preemption_and_prefix_caching_matches_transformers(tiny_checkpoint, depth: int,
+                                                                                snapshots: int) -> None:
     checkpoint = tiny_checkpoint("Lfm2ForCausalLM")
     model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=64)
-    runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64), DeviceConfig("cpu"), max_num_seqs=4)
+    runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64, state_snapshots=snapshots),
+                         DeviceConfig("cpu"), max_num_seqs=4)
     assert runner.cache_groups.num_state_layers == 3
     generator = torch.Generator().manual_seed(2)
     prompts = [torch.randint(10, model.vocab_size, (n,), generator=generator).tolist() for n in (23, 30, 9, 17)]
     prompts.append(prompts[1][:16] + prompts[3][:10])
+    expected = hf_greedy(hf_model(checkpoint, torch.float32), prompts, 12)
     engine = Engine(runner, max_num_batched_tokens=8, num_kv_blocks=16)
     params = SamplingParams(temperature=0.0, max_tokens=12, min_tokens=12)
     outcomes = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=depth)
-    assert [outcomes[f"r{i}"]["token_ids"] for i in range(len(prompts))] == \
-        hf_greedy(hf_model(checkpoint, torch.float32), prompts, 12)
+    assert [outcomes[f"r{i}"]["token_ids"] for i in range(len(prompts))] == expected
+    # Once more alone: its KV blocks and the snapshot at its last block boundary are the newest in the cache.
+    again = engine.serve([GenerateRequest("again", prompts[1], params)], depth=depth)
+    assert again["again"]["token_ids"] == expected[1]
     stats = engine.scheduler.stats()
-    assert stats.num_preemptions > 0 and stats.prefix_cache_hits == 0
+    assert stats.num_preemptions > 0
+    assert (stats.prefix_cache_hits > 0) == (snapshots > 0), "hits need the state after the hit's last block"

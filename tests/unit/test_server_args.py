@@ -68,7 +68,8 @@ def test_an_unsupported_architecture_names_it_and_the_supported_list(tiny_checkp
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
     with pytest.raises(ValueError, match="'LlamaForSequenceClassification' is not supported.*Supported "
-                                         "architectures: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV4ForCausalLM, LlamaForCausalLM, "):
+                                         "architectures: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                                         "DeepseekV4ForCausalLM, Lfm2ForCausalLM, LlamaForCausalLM, "):
         ServerArgs(model=str(directory)).engine_config(str(directory))
 
 

@@ -31,6 +31,7 @@ class Engine:
             max_model_len=model.max_model_len, block_size=runner.cache_config.block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks or runner.num_blocks,
             kv_windows=runner.kv_cache.windows, recurrent_state=runner.cache_groups.num_state_layers > 0,
+            state_snapshots=runner.cache_groups.num_snapshots,
             eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching))
         self.worker = Worker(runner)
