@@ -1,19 +1,21 @@
 """Layers that keep per-request recurrent state (Gated DeltaNet, Mamba) beside paged attention layers.
 
 A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates its tensors, each
-[max_num_seqs + 1, *shape]: a row per input-batch slot (the scheduler's slot allocator is the state allocator),
-the last row for padded rows. Each step the group builds one `StateMetadata` for all state layers, which a layer
+[max_num_seqs + 1 + snapshots, *shape]: a row per input-batch slot (the scheduler's slot allocator allocates them),
+a padding row, then the snapshot rows. Each step the group builds one `StateMetadata` for all state layers, which a layer
 reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the
 forward: a layer only reads and updates its sequences' rows, so chunked prefill carries state from chunk to
-chunk and a request recomputed after preemption starts afresh. State is not per block, so it cannot be shared by
-prefix-cache hits, rolled back (speculative decoding) or forked (beam search); the worker and scheduler refuse those.
+chunk and a request recomputed after preemption starts afresh. State is not per block: prefix hits go through
+snapshots (worker_proc/state_group.py); it is not rolled back (speculative decoding) or forked (beam search) yet,
+which the worker and scheduler refuse.
 Usage: subclass, implement `state_spec(dtype)`; in `forward`, `states = self.bound()`, `metadata =
-batch.metadata_for(self)`.
+batch.metadata_for(self)`, and `for rows, slots in token_offsets(metadata)` for a token-by-token recurrence.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,16 @@ class StateMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64: where each sequence's tokens start
     has_initial_state: torch.Tensor  # [num_seqs] bool: False where the chunk starts at token 0 (row zeroed)
     max_query_len: int  # the most tokens one sequence computes (host int: a token-by-token loop's bound)
+
+
+def token_offsets(metadata: StateMetadata) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """For t = 0, 1, ...: the flat rows of every sequence's t-th new token and those sequences' state rows. A
+    recurrence that folds one token at a time loops over these, every sequence of the step at once."""
+    starts = metadata.query_start_loc[:-1]
+    lengths = metadata.query_start_loc[1:] - starts
+    for offset in range(metadata.max_query_len):
+        active = lengths > offset
+        yield starts[active] + offset, metadata.slots[active]
 
 
 class StateLayer(nn.Module, ABC):

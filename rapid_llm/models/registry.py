@@ -41,6 +41,7 @@ _MODELS: Registry[type[torch.nn.Module]] = Registry("architecture", {
     "Qwen2MoeForCausalLM": "rapid_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM": "rapid_llm.models.qwen3_next:Qwen3NextForCausalLM",
 }, refused=_REFUSED)
 
 

@@ -24,7 +24,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                            "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM",
-                           "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM")
+                           "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM",
+                           "Qwen3NextForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -58,6 +59,7 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
     "DeepseekV4ForCausalLM": transformers.DeepseekV4Config,
     "Lfm2ForCausalLM": transformers.Lfm2Config,
+    "Qwen3NextForCausalLM": transformers.Qwen3NextConfig,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
@@ -93,6 +95,16 @@ _LFM2_DEFAULTS: dict[str, object] = {
     "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_bias": True,
     "conv_L_cache": 3, "block_multiple_of": 16,
 }
+# Qwen3-Next: Gated DeltaNet layers around a gated attention layer, twice as many value heads as key heads (grouped),
+# a head_dim of 32 with a quarter rotated, and the Qwen MoE (4 experts, top-2, a shared expert) with a dense layer.
+_QWEN3_NEXT_DEFAULTS: dict[str, object] = {
+    "num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                            "linear_attention"],
+    "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "mlp_only_layers": [2],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
     "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
@@ -102,6 +114,7 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "DeepseekV3ForCausalLM": {**_MLA_DEFAULTS, "q_lora_rank": 48, "n_group": 2, "topk_group": 1},
     "DeepseekV4ForCausalLM": _DSV4_DEFAULTS,
     "Lfm2ForCausalLM": _LFM2_DEFAULTS,
+    "Qwen3NextForCausalLM": _QWEN3_NEXT_DEFAULTS,
 }
 
 _CORPUS = r'''

@@ -25,7 +25,7 @@ from transformers import PretrainedConfig
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.linear import ColumnParallelLinear, RowParallelLinear
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
-from rapid_llm.layers.state_layer import StateLayer, StateMetadata
+from rapid_llm.layers.state_layer import StateLayer, StateMetadata, token_offsets
 from rapid_llm.models.llama import LlamaForCausalLM
 from rapid_llm.ops.attention.kv_cache_spec import StateSpec
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
@@ -52,12 +52,8 @@ class RecurrentMixer(StateLayer):
         (state,) = self.bound()
         inputs = self.in_proj(hidden_states)
         outputs = torch.empty_like(inputs)
-        starts = metadata.query_start_loc[:-1]
-        lengths = metadata.query_start_loc[1:] - starts
         # Offset t of every sequence at once: its state row folds in its t-th new token.
-        for offset in range(metadata.max_query_len):
-            active = lengths > offset
-            rows, slots = starts[active] + offset, metadata.slots[active]
+        for rows, slots in token_offsets(metadata):
             state[slots] = self.decay * state[slots] + inputs[rows]
             outputs[rows] = state[slots]
         return self.o_proj(outputs)

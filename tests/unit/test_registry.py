@@ -27,7 +27,7 @@ def test_resolving_imports_the_model_on_demand() -> None:
     assert set(supported_architectures()) == {
         "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM", "LlamaForCausalLM",
         "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM"}
+        "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"}
 
 
 def test_unknown_architecture_error_lists_supported_ones() -> None:

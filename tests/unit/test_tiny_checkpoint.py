@@ -26,7 +26,8 @@ UNICODE_TEXT = "Hello,  world!\n\tdef f(x): return x ** 2  # café, naïve 日�
 EXPERT_MATRIX_NAMES = {"Qwen3MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
                        "Qwen2MoeForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight",
                        "MixtralForCausalLM": "model.layers.0.block_sparse_moe.experts.3.w2.weight",
-                       "DeepseekV4ForCausalLM": "model.layers.0.ffn.experts.3.w2.weight"}
+                       "DeepseekV4ForCausalLM": "model.layers.0.ffn.experts.3.w2.weight",
+                       "Qwen3NextForCausalLM": "model.layers.0.mlp.experts.3.down_proj.weight"}
 PROMPT_IDS = torch.tensor([[BOS_TOKEN_ID, 40, 41, 300, 301, 7, 8, 9, 450, 10]])
 
 

@@ -1,8 +1,8 @@
-"""LFM2 (short-conv layers in the state group beside an attention layer) served by the real server.
+"""Models with state layers served by the real server: LFM2 (short conv) and Qwen3-Next (Gated DeltaNet, MoE).
 
 A batch of prompts with chunked prefill (an 8-token budget), async scheduling and preemption (16 blocks of 4
 tokens hold two or three of the requests at once) must give transformers' greedy tokens, and a repeated prompt
-starts from a prefix hit: its KV blocks and the conv state snapshot at its last block boundary.
+starts from a prefix hit: its KV blocks and the state snapshot at its last block boundary.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
@@ -20,8 +21,9 @@ from tests.hf_reference import hf_greedy, hf_model
 NEW_TOKENS = 12
 
 
-def test_lfm2_is_served_with_chunking_and_preemption(tmp_path: Path) -> None:
-    checkpoint = build_tiny_checkpoint(tmp_path / "lfm2", "Lfm2ForCausalLM")
+@pytest.mark.parametrize("architecture", ["Lfm2ForCausalLM", "Qwen3NextForCausalLM"])
+def test_a_hybrid_model_is_served_with_chunking_preemption_and_prefix_hits(tmp_path: Path, architecture: str) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path / "model", architecture)
     generator = torch.Generator().manual_seed(4)
     prompts = [torch.randint(10, 500, (n,), generator=generator).tolist() for n in (23, 30, 9, 17)]
     prompts.append(prompts[1][:16] + prompts[3][:10])

@@ -1,0 +1,47 @@
+"""Models with state layers served by the scheduler and the worker in one process, against transformers.
+
+LFM2 (short conv + attention) and Qwen3-Next (Gated DeltaNet + gated attention + MoE): greedy tokens equal
+transformers' with chunked prefill (an 8-token budget), lock-step and async scheduling, preemption under a small KV
+budget (a preempted request restarts its state at token 0) and prefix caching on: with state snapshots a hit starts
+from the state saved at its last block, without them there are no hits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.ipc.messages import GenerateRequest
+from rapid_llm.sampling import SamplingParams
+from rapid_llm.worker_proc.model_runner import ModelRunner
+from tests.hf_reference import hf_greedy, hf_model
+from tests.unit.worker_engine import Engine
+
+STATE_LAYERS = {"Lfm2ForCausalLM": 3, "Qwen3NextForCausalLM": 3}
+
+
+@pytest.mark.parametrize("architecture", sorted(STATE_LAYERS))
+@pytest.mark.parametrize("snapshots", [0, 16], ids=["no-snapshots", "snapshots"])
+@pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
+def test_chunking_preemption_and_prefix_caching_match_transformers(tiny_checkpoint, architecture: str, depth: int,
+                                                                   snapshots: int) -> None:
+    checkpoint = tiny_checkpoint(architecture)
+    model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=64)
+    runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64, state_snapshots=snapshots),
+                         DeviceConfig("cpu"), max_num_seqs=4)
+    assert runner.cache_groups.num_state_layers == STATE_LAYERS[architecture]
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(10, model.vocab_size, (n,), generator=generator).tolist() for n in (23, 30, 9, 17)]
+    prompts.append(prompts[1][:16] + prompts[3][:10])
+    expected = hf_greedy(hf_model(checkpoint, torch.float32), prompts, 12)
+    engine = Engine(runner, max_num_batched_tokens=8, num_kv_blocks=16)
+    params = SamplingParams(temperature=0.0, max_tokens=12, min_tokens=12)
+    outcomes = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=depth)
+    assert [outcomes[f"r{i}"]["token_ids"] for i in range(len(prompts))] == expected
+    # Once more alone: its KV blocks and the snapshot at its last block boundary are the newest in the cache.
+    again = engine.serve([GenerateRequest("again", prompts[1], params)], depth=depth)
+    assert again["again"]["token_ids"] == expected[1]
+    stats = engine.scheduler.stats()
+    assert stats.num_preemptions > 0
+    assert (stats.prefix_cache_hits > 0) == (snapshots > 0), "hits need the state after the hit's last block"
