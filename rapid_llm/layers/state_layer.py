@@ -1,9 +1,9 @@
 """Layers that keep per-request recurrent state (Gated DeltaNet, Mamba) beside paged attention layers.
 
 A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates its tensors, each
-[max_num_seqs + 1 + snapshots, *shape]: a row per input-batch slot (the scheduler's slot allocator allocates them),
-a padding row, then the snapshot rows. Each step the group builds one `StateMetadata` for all state layers, which a layer
-reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the
+[max_num_seqs + 1 + snapshots, *shape]: a row per input-batch slot (the scheduler's slot allocator allocates
+them), a padding row, then the snapshot rows. Each step the group builds one `StateMetadata` for all state
+layers, which a layer reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the
 forward: a layer only reads and updates its sequences' rows, so chunked prefill carries state from chunk to
 chunk and a request recomputed after preemption starts afresh. State is not per block: prefix hits go through
 snapshots (worker_proc/state_group.py); it is not rolled back (speculative decoding) or forked (beam search) yet,
