@@ -3,11 +3,11 @@
 A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates its tensors, each
 [max_num_seqs + 1 + snapshots, *shape]: a row per input-batch slot (the scheduler's slot allocator allocates
 them), a padding row, then the snapshot rows. Each step the group builds one `StateMetadata` for all state
-layers, which a layer reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the
-forward: a layer only reads and updates its sequences' rows, so chunked prefill carries state from chunk to
-chunk and a request recomputed after preemption starts afresh. State is not per block: prefix hits go through
-snapshots (worker_proc/state_group.py); it is not rolled back (speculative decoding) or forked (beam search) yet,
-which the worker and scheduler refuse.
+layers, which a layer reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts
+at token 0 before the forward: a layer only reads and updates its sequences' rows, so chunked prefill carries
+state from chunk to chunk and a request recomputed after preemption starts afresh. State is not per block:
+prefix hits go through snapshots (worker_proc/state_group.py); it is not rolled back (speculative decoding) or
+forked (beam search) yet, which the worker and scheduler refuse.
 Usage: subclass, implement `state_spec(dtype)`; in `forward`, `states = self.bound()`, `metadata =
 batch.metadata_for(self)`, and `for rows, slots in token_offsets(metadata)` for a token-by-token recurrence.
 """

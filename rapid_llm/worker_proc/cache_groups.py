@@ -226,7 +226,8 @@ class CacheGroups:
                                  reserved, scratch)
 
     def build_metadata(self, layouts: Sequence[StepLayout], slots: np.ndarray, starts: np.ndarray,
-                       query_lens: np.ndarray, slots_on_device: torch.Tensor) -> tuple[AttentionMetadata, dict[str, Any]]:
+                       query_lens: np.ndarray, slots_on_device: torch.Tensor
+                       ) -> tuple[AttentionMetadata, dict[str, Any]]:
         """Every group's metadata for one step (`layouts[t]` over KV table t's rows), keyed by group name, and the
         metadata `ForwardBatch.attention` holds (the first paged group's, else the common positions and lengths)."""
         metadata: dict[str, Any] = {group.name: group.backend.build_metadata(layouts[group.table], self.device)

@@ -142,7 +142,8 @@ def allocate_kv_cache(
     tensor_specs = {tensor: spec for tensor, spec in zip(tensor_of, specs)}
     tensor_scratch = {tensor: blocks for tensor, blocks in zip(tensor_of, scratch)}
     block_size = cache_config.block_size
-    extra_bytes = sum(tensor_scratch[tensor] * spec.bytes_per_block(block_size) for tensor, spec in tensor_specs.items())
+    extra_bytes = sum(tensor_scratch[tensor] * spec.bytes_per_block(block_size)
+                      for tensor, spec in tensor_specs.items())
     page_bytes = bytes_per_block(list(tensor_specs.values()), block_size)
     num_blocks = cache_config.num_blocks or num_blocks_for_budget(
         list(tensor_specs.values()), block_size, kv_cache_budget(cache_config, device) - reserved_bytes - extra_bytes)

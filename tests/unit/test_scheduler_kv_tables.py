@@ -19,7 +19,8 @@ WINDOW = 8
 
 
 # Each a little over what one request may hold: 12 blocks for 48 tokens, 6 behind an 8-token window, 8 behind 16.
-@pytest.mark.parametrize("windows, num_blocks", [((None, WINDOW), 20), ((WINDOW,), 7), ((None, WINDOW, 2 * WINDOW), 28)],
+@pytest.mark.parametrize("windows, num_blocks",
+                         [((None, WINDOW), 20), ((WINDOW,), 7), ((None, WINDOW, 2 * WINDOW), 28)],
                          ids=["full+window", "window-only", "full+two-windows"])
 @pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
 def test_mixed_tables_give_the_reference_outputs_under_preemption_and_chunking(windows, num_blocks: int,
