@@ -98,4 +98,6 @@ class GatedDeltaNet(StateLayer):
             matrix = matrix + k[..., None] * delta[..., None, :]
             output[rows] = (matrix * query[rows][..., None]).sum(dim=-2)
             state[slots] = matrix
+            if metadata.keep_rows is not None:
+                state[metadata.keep_rows[rows]] = matrix
         return output

@@ -1,13 +1,14 @@
 """Layers that keep per-request recurrent state (Gated DeltaNet, Mamba) beside paged attention layers.
 
 A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates its tensors, each
-[max_num_seqs + 1 + snapshots, *shape]: a row per input-batch slot (the scheduler's slot allocator allocates
-them), a padding row, then the snapshot rows. Each step the group builds one `StateMetadata` for all state
-layers, which a layer reads with `batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts
-at token 0 before the forward: a layer only reads and updates its sequences' rows, so chunked prefill carries
-state from chunk to chunk and a request recomputed after preemption starts afresh. State is not per block:
-prefix hits go through snapshots (worker_proc/state_group.py); it is not rolled back (speculative decoding) or
-forked (beam search) yet, which the worker and scheduler refuse.
+[max_num_seqs + 1 + snapshots + scratch, *shape]: a row per input-batch slot (the scheduler's slot allocator
+allocates them), a padding row, the snapshot rows, then the speculative scratch rows. Each step the group
+builds one `StateMetadata` for all state layers, which a layer reads with `batch.metadata_for(self)`, and zeroes
+the rows of sequences whose chunk starts at token 0 before the forward: a layer only reads and updates its
+sequences' rows, so chunked prefill carries state from chunk to chunk and a preempted request starts afresh.
+State is not per block: prefix hits go through snapshots (worker_proc/state_group.py), speculative decoding
+through the state after each token of a chunk that verifies drafts, which a layer keeps in
+`StateMetadata.keep_rows` and the worker restores after the accepted ones; beams are not forked (refused).
 Usage: subclass, implement `state_spec(dtype)`; in `forward`, `states = self.bound()`, `metadata =
 batch.metadata_for(self)`, and `for rows, slots in token_offsets(metadata)` for a token-by-token recurrence.
 """
@@ -35,6 +36,9 @@ class StateMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64: where each sequence's tokens start
     has_initial_state: torch.Tensor  # [num_seqs] bool: False where the chunk starts at token 0 (row zeroed)
     max_query_len: int  # the most tokens one sequence computes (host int: a token-by-token loop's bound)
+    # Speculative decoding: [num_tokens] int64, the row each token's state (after it) must be kept in, a scratch row
+    # of its slot for the tokens of a chunk verifying drafts, the padding row for the others; None: no such chunk.
+    keep_rows: torch.Tensor | None = None
 
 
 def token_offsets(metadata: StateMetadata) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -6,10 +6,10 @@ selected, and build their metadata once per step from their table's rows; all dr
 of block ids (sliding-window layers mixed with full ones read tables of their own: ops/attention/kv_tables.py).
 A worker-side proposer's layers (draft model, MTP) are a paged group too (`add_proposer`): table 0 plus scratch
 blocks per slot past the pool; the proposer builds their metadata itself. The state group holds recurrent
-layers' per-request state and its snapshots for prefix hits (worker_proc/state_group.py). Budget: state rows
-first (max_num_seqs + 1 + snapshots per state layer, whatever the context), the paged groups share the rest by
-block (a block id costs its distinct tensors' bytes). A model with a state group gets no speculative decoding,
-beam search or CUDA graphs (state cannot be rolled back, forked, or its step captured yet).
+layers' per-request state, its snapshots and speculative scratch (worker_proc/state_group.py). Budget: state rows
+first (slots, padding, snapshots, scratch per state layer, whatever the context), the paged groups share the rest by
+block (a block id costs its distinct tensors' bytes). A model with a state group gets no beam search or CUDA
+graphs (state cannot be forked or its step captured yet).
 Usage: `groups = CacheGroups.of(model, select, max_num_seqs, dtype, device)`; `groups.add_proposer(layers, n)`;
 `kv_cache = groups.allocate(model_config, cache_config)`; per step `groups.build_metadata(layouts, slots, ...)`.
 """
@@ -99,7 +99,7 @@ class CacheGroups:
 
     @classmethod
     def of(cls, model: nn.Module, select: Callable[[str], Any], max_num_seqs: int, dtype: torch.dtype,
-           device: torch.device, num_snapshots: int = 0) -> CacheGroups:
+           device: torch.device, num_snapshots: int = 0, draft_positions: int = 0) -> CacheGroups:
         """Group `model`'s cache-holding layers: a paged group per attention op (in the order the ops first
         appear, each with `select(op)` as its backend), one state group for the recurrent layers."""
         by_op: dict[str, list[PagedAttentionLayer]] = {}
@@ -115,7 +115,8 @@ class CacheGroups:
         paged = [PagedGroup(op, layers, select(op)) for op, layers in by_op.items()]
         layers = [layer for group in paged for layer in group.layers]
         tables = kv_tables([layer.kv_cache_spec(dtype) for layer in layers])
-        state = StateGroup(state_layers, max_num_seqs, num_snapshots, dtype, device) if state_layers else None
+        state = (StateGroup(state_layers, max_num_seqs, num_snapshots, dtype, device, draft_positions)
+                 if state_layers else None)
         return cls(split_by_table(paged, dict(zip(map(id, layers), tables.table_of))), tables, state, max_num_seqs,
                    device)
 
@@ -189,24 +190,29 @@ class CacheGroups:
         if saves:
             self._snapshot_state().save([chunk.slot for chunk in saves], [chunk.state_save for chunk in saves])
 
+    def restore_verified(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
+        """After a step verifying drafts in `slots`: each keeps the state after its accepted drafts."""
+        if self.state is not None and len(slots):
+            self.state.restore(slots, num_accepted)
+
+    def rewind(self, slot: int, num_tokens: int) -> None:
+        """A rollback: the slot's state holds `num_tokens` tokens (what `restore_verified` left)."""
+        if self.state is not None:
+            self.state.rewind(slot, num_tokens)
+
     def _snapshot_state(self) -> StateGroup:
         if self.state is None:
             raise ValueError("a chunk names a state snapshot, but this model keeps no recurrent state")
         return self.state
 
     def check_speculative(self, method: str | None) -> None:
-        """Speculative decoding rolls a request back to its verified tokens, which recurrent state cannot do yet, nor
-        a request's blocks in more than one KV table."""
+        """Speculative decoding rolls a request back to its verified tokens, which a request's blocks in more than one
+        KV table cannot do yet (state can: the layers keep it per draft position)."""
         if method is not None and self.tables.num_tables > 1:
             raise ValueError(
                 f"--speculative-config ({method}) is refused for this model: its sliding-window and full-attention "
                 f"layers read {self.tables.num_tables} block tables, which speculative rollback does not cut yet; "
                 "serve it without --speculative-config")
-        if method is not None and self.state is not None:
-            raise ValueError(
-                f"--speculative-config ({method}) is refused for this model: its {self.num_state_layers} recurrent "
-                "layers fold every token, rejected drafts too, into per-request state, which cannot be rolled back "
-                "yet; serve it without --speculative-config")
 
     def allocate(self, model_config: ModelConfig, cache_config: CacheConfig) -> KVCache:
         """Allocate the state rows first, then every paged group (a proposer's scratch included) from the rest of the
@@ -226,7 +232,7 @@ class CacheGroups:
                                  reserved, scratch)
 
     def build_metadata(self, layouts: Sequence[StepLayout], slots: np.ndarray, starts: np.ndarray,
-                       query_lens: np.ndarray, slots_on_device: torch.Tensor
+                       query_lens: np.ndarray, num_drafts: np.ndarray, slots_on_device: torch.Tensor
                        ) -> tuple[AttentionMetadata, dict[str, Any]]:
         """Every group's metadata for one step (`layouts[t]` over KV table t's rows), keyed by group name, and the
         metadata `ForwardBatch.attention` holds (the first paged group's, else the common positions and lengths)."""
@@ -234,5 +240,6 @@ class CacheGroups:
                                     for group in self.target}
         attention = next(iter(metadata.values())) if metadata else build_common_metadata(layouts[0], self.device)
         if self.state is not None:
-            metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, slots_on_device, attention)
+            metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, num_drafts, slots_on_device,
+                                                              attention)
         return attention, metadata

@@ -116,7 +116,8 @@ class ModelRunner:
         # layers), and a state group for recurrent layers.
         self.cache_groups = CacheGroups.of(
             self.model, lambda op: select_backend(op, self.device, model_config, cache_config, self.op_choices),
-            max_num_seqs, model_config.dtype, self.device, cache_config.state_snapshots)
+            max_num_seqs, model_config.dtype, self.device, cache_config.state_snapshots,
+            speculative.num_speculative_tokens + 1 if speculative is not None else 0)
         self.cache_groups.check_speculative(speculative.method if speculative is not None else None)
         self.backend = self.cache_groups.primary_backend
         logger.info("cache groups: %s", self.cache_groups.describe())
@@ -222,6 +223,8 @@ class ModelRunner:
     def rollback(self, slot: int, num_tokens: int, num_blocks: int) -> None:
         """Cut a slot back to its verified tokens and their blocks (speculative decoding's rejected drafts)."""
         self.input_batch.rollback(slot, num_tokens, num_blocks)
+        # Its state holds the verified tokens; the last of `num_tokens`, the target's, is not computed yet.
+        self.cache_groups.rewind(slot, num_tokens - 1)
 
     def set_last_tokens(self, slots: Sequence[int], token_ids: Sequence[int]) -> None:
         """The tokens the scheduler chose for these slots (beam search), written as each slot's last."""
@@ -264,7 +267,8 @@ class ModelRunner:
         self._validate(slots, query_lens, ends)
         batch.flush_blocks()
         self.cache_groups.load_snapshots(chunks)
-        hidden_states = self._forward(slots, query_lens, ends)
+        chunk_drafts = np.fromiter((len(chunk.draft_token_ids) for chunk in chunks), dtype=np.int64, count=len(chunks))
+        hidden_states = self._forward(slots, query_lens, ends, chunk_drafts)
         self.cache_groups.save_snapshots(chunks)
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
@@ -353,6 +357,10 @@ class ModelRunner:
         targets = torch.full((samples.size, width + 1), -2, dtype=torch.int64, device=self.device)
         targets[rows_on_device, columns] = sampled.token_ids
         num_accepted, token_ids = accept_one_hot(targets, drafts_on_device)
+        # State layers kept the state after each verified position: each verifying slot takes its accepted one's.
+        verifying = num_drafts > 0
+        self.cache_groups.restore_verified(sample_slots[verifying].tolist(),
+                                           num_accepted[to_device([torch.from_numpy(verifying)], self.device)[0]])
         if self.drafting is not None:
             self.drafting.verify(logits, sampling_batch, counts, sample_slots, host_first_positions, num_outputs,
                                  drafts_on_device, num_accepted, token_ids)
@@ -384,8 +392,10 @@ class ModelRunner:
                 first = int(np.flatnonzero(bad)[0])
                 raise ValueError(f"request {batch.request_ids[slots[first]]} (slot {slots[first]}): {message(first)}")
 
-    def _forward(self, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] of the step's new tokens."""
+    def _forward(self, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                 num_drafts: np.ndarray | None = None) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the step's new tokens (`num_drafts`: per chunk, the drafts it
+        verifies; none by default)."""
         batch = self.input_batch
         width = int(batch.num_blocks[slots].max()) or 1
         slots_on_device = to_device([torch.from_numpy(slots)], self.device)[0]
@@ -401,8 +411,9 @@ class ModelRunner:
             hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
             if hidden_states is not None:
                 return hidden_states
-        attention, groups = self.cache_groups.build_metadata(layouts, slots, seq_lens - query_lens, query_lens,
-                                                             slots_on_device)
+        attention, groups = self.cache_groups.build_metadata(
+            layouts, slots, seq_lens - query_lens, query_lens,
+            np.zeros_like(slots) if num_drafts is None else num_drafts, slots_on_device)
         input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, attention.seq_index)

@@ -6,8 +6,10 @@ scheduler names snapshot rows (its own pool, scheduler_proc/prefix_cache.py): a 
 boundary may save its slot's state into one after the step (`save`), and a request starting from a hit loads the
 snapshot of its last hit block into its slot before the step (`load`). Per slot the host counts the tokens its
 state has folded in; a step must continue from there, restart at 0 (the row is zeroed) or load a snapshot.
-Usage: `group = StateGroup(layers, max_num_seqs, num_snapshots, dtype, device)`; `group.allocate()`; per step
-`group.load(...)`, `group.build_metadata(...)`, the forward, `group.save(...)`.
+With speculative decoding, layers keep the state after each token of a chunk verifying drafts in scratch rows of
+its slot (`keep_rows`), and `restore` takes the one after the accepted drafts; the scheduler's rollback `rewind`s
+the count. Usage: `group = StateGroup(layers, max_num_seqs, num_snapshots, dtype, device, draft_positions)`;
+`group.allocate()`; per step `group.load(...)`, `group.build_metadata(...)`, the forward, `group.save(...)`.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from rapid_llm.utils.host_staging import to_device
 
 class StateGroup:
     def __init__(self, layers: list[StateLayer], max_num_seqs: int, num_snapshots: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, draft_positions: int = 0) -> None:
         self.layers = layers
         self.specs = [layer.state_spec(dtype) for layer in layers]
-        self.first_snapshot = max_num_seqs + 1  # slot rows, then the padding row, then the snapshots
+        self.padding_row = max_num_seqs
+        self.first_snapshot = max_num_seqs + 1  # slot rows, the padding row, the snapshots, the scratch rows
         self.num_snapshots = num_snapshots
-        self.num_rows = self.first_snapshot + num_snapshots
+        # Speculative decoding: per slot, the state after each token of a chunk verifying drafts (1 + k tokens).
+        self.draft_positions = draft_positions
+        self.first_scratch = self.first_snapshot + num_snapshots
+        self.num_rows = self.first_scratch + max_num_seqs * draft_positions
         self.device = device
         self.num_tokens = np.zeros(self.first_snapshot, dtype=np.int64)
 
@@ -56,6 +62,28 @@ class StateGroup:
         if snapshots:
             self._copy(list(slots), self._snapshot_rows(snapshots))
 
+    def keep_rows(self, slots: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray) -> np.ndarray | None:
+        """Per token of the step, the row its state is kept in: a scratch row of its slot for the tokens of a chunk
+        verifying drafts, the padding row for the others (None: no chunk verifies drafts)."""
+        if not num_drafts.any():
+            return None
+        if int(query_lens[num_drafts > 0].max()) > self.draft_positions:
+            raise ValueError(f"a chunk verifies {int(query_lens.max()) - 1} drafts, but the state keeps "
+                             f"{self.draft_positions} positions per slot (--speculative-config's tokens + 1)")
+        offsets = np.arange(int(query_lens.sum())) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+        rows = self.first_scratch + np.repeat(slots, query_lens) * self.draft_positions + offsets
+        return np.where(np.repeat(num_drafts > 0, query_lens), rows, self.padding_row)
+
+    def restore(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
+        """After a verification: each slot takes the state kept after its last token and `num_accepted` drafts."""
+        base, targets = to_device([torch.tensor([self.first_scratch + slot * self.draft_positions for slot in slots]),
+                                   torch.tensor(list(slots))], self.device)
+        self._copy_rows(base + num_accepted, targets)
+
+    def rewind(self, slot: int, num_tokens: int) -> None:
+        """The slot's state now holds `num_tokens` tokens (its verified ones, after `restore`)."""
+        self.num_tokens[slot] = num_tokens
+
     def _snapshot_rows(self, snapshots: Sequence[int]) -> list[int]:
         bad = [snapshot for snapshot in snapshots if not 0 <= snapshot < self.num_snapshots]
         if bad:
@@ -63,12 +91,14 @@ class StateGroup:
         return [self.first_snapshot + snapshot for snapshot in snapshots]
 
     def _copy(self, sources: list[int], targets: list[int]) -> None:
-        source, target = to_device([torch.tensor(sources), torch.tensor(targets)], self.device)
+        self._copy_rows(*to_device([torch.tensor(sources), torch.tensor(targets)], self.device))
+
+    def _copy_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
         for layer in self.layers:
             for tensor in layer.bound():
                 tensor.index_copy_(0, target, tensor.index_select(0, source))
 
-    def build_metadata(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray,
+    def build_metadata(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray,
                        slots_on_device: torch.Tensor, common: AttentionMetadata) -> StateMetadata:
         """The step's state metadata; zeroes the rows of sequences starting at token 0. A chunk starting elsewhere
         must continue exactly where its slot's state stopped (or a snapshot loaded it): state cannot be rolled
@@ -80,12 +110,14 @@ class StateGroup:
                              f"state holds {self.num_tokens[slots[row]]} tokens (a chunk must start at 0, where the "
                              "state stopped, or where a loaded snapshot left it)")
         fresh = starts == 0
-        fresh_slots, has_initial_state = to_device(
-            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64))], self.device)
+        keep = self.keep_rows(slots, query_lens, num_drafts)
+        fresh_slots, has_initial_state, *keep_rows = to_device(
+            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64)),
+             *([] if keep is None else [torch.from_numpy(keep)])], self.device)
         if fresh.any():
             for layer in self.layers:
                 for tensor in layer.bound():
                     tensor.index_fill_(0, fresh_slots, 0)
         self.num_tokens[slots] = starts + query_lens
         return StateMetadata(slots_on_device, slots_on_device[common.seq_index], common.query_start_loc,
-                             has_initial_state.bool(), int(query_lens.max()))
+                             has_initial_state.bool(), int(query_lens.max()), keep_rows[0] if keep_rows else None)

@@ -56,6 +56,8 @@ class RecurrentMixer(StateLayer):
         for rows, slots in token_offsets(metadata):
             state[slots] = self.decay * state[slots] + inputs[rows]
             outputs[rows] = state[slots]
+            if metadata.keep_rows is not None:  # speculative decoding: the state after every token is kept
+                state[metadata.keep_rows[rows]] = state[slots]
         return self.o_proj(outputs)
 
 

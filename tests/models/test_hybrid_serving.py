@@ -3,7 +3,8 @@
 LFM2 (short conv + attention) and Qwen3-Next (Gated DeltaNet + gated attention + MoE): greedy tokens equal
 transformers' with chunked prefill (an 8-token budget), lock-step and async scheduling, preemption under a small KV
 budget (a preempted request restarts its state at token 0) and prefix caching on: with state snapshots a hit starts
-from the state saved at its last block, without them there are no hits.
+from the state saved at its last block, without them there are no hits. Speculative decoding gives the tokens of
+decoding without it (on/off golden; drafts partly rejected, the state after the accepted ones restored).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_greedy, hf_model
+from tests.models.oracle_proposer import register_oracle
 from tests.unit.worker_engine import Engine
 
 STATE_LAYERS = {"Lfm2ForCausalLM": 3, "Qwen3NextForCausalLM": 3}
@@ -45,3 +47,26 @@ def test_chunking_preemption_and_prefix_caching_match_transformers(tiny_checkpoi
     stats = engine.scheduler.stats()
     assert stats.num_preemptions > 0
     assert (stats.prefix_cache_hits > 0) == (snapshots > 0), "hits need the state after the hit's last block"
+
+
+@pytest.mark.parametrize("architecture", sorted(STATE_LAYERS))
+def test_speculative_decoding_keeps_the_tokens_of_plain_decoding(monkeypatch, tiny_checkpoint,
+                                                                  architecture: str) -> None:
+    """On/off golden with drafts two right then one wrong: the state after the accepted drafts is restored."""
+    checkpoint = tiny_checkpoint(architecture)
+    model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=64)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, model.vocab_size, (n,), generator=generator).tolist() for n in (19, 26, 7)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    def serve(speculative=None) -> list[list[int]]:
+        runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64), DeviceConfig("cpu"), max_num_seqs=4,
+                             speculative=speculative)
+        engine = Engine(runner, max_num_batched_tokens=8, speculative=speculative)
+        outcomes = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=2)
+        stats = engine.scheduler.stats()
+        assert speculative is None or 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+        return [outcomes[f"r{i}"]["token_ids"] for i in range(len(prompts))]
+
+    plain = serve()
+    assert serve(register_oracle(monkeypatch, prompts, plain)) == plain

@@ -3,7 +3,8 @@
 The recurrent test double (tests/models/recurrent_double.py) must give its full-sequence reference's greedy tokens
 with chunked prefill (8-token budget), lock-step and async scheduling, preemption (a KV budget too small for every
 request at once: a preempted request restarts its state at token 0), and prefix caching on (it finds no hits: a
-state group caches nothing per block). Speculative decoding is refused at start-up, beam search at admission.
+state group caches nothing per block, and these runners keep no state snapshots). Speculative decoding keeps the
+reference tokens (the state after the accepted drafts is restored); beam search is refused at admission.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
-from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.models import registry
 from rapid_llm.sampling import SamplingParams
@@ -23,6 +23,7 @@ from rapid_llm.scheduler_proc.admission import RequestRejected
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.models.recurrent_double import (ARCHITECTURE, MODEL_CLASS, build_recurrent_double, reference_greedy,
                                            reference_model)
+from tests.models.oracle_proposer import register_oracle
 from tests.unit.worker_engine import Engine
 
 BLOCK_SIZE, MAX_MODEL_LEN, NEW_TOKENS = 4, 64, 10
@@ -62,8 +63,9 @@ def runner_for(checkpoint: Path, **options: object) -> ModelRunner:
                        max_num_seqs=4, **options)
 
 
-def serve(engine: Engine, prompts: list[list[int]], depth: int, round_name: str = "r") -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+def serve(engine: Engine, prompts: list[list[int]], depth: int, round_name: str = "r",
+          params: SamplingParams | None = None) -> list[list[int]]:
+    params = params or SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     requests = [GenerateRequest(f"{round_name}{i}", prompt, params) for i, prompt in enumerate(prompts)]
     outcomes = engine.serve(requests, depth=depth, overlap=depth == 2)
     return [outcomes[request.request_id]["token_ids"] for request in requests]
@@ -97,9 +99,21 @@ def test_prefix_caching_finds_no_hits_for_a_model_with_state(checkpoints, prompt
     assert stats.prefix_cache_queries > 0 and stats.prefix_cache_hits == 0
 
 
-def test_speculative_decoding_is_refused_at_start_up(checkpoints) -> None:
-    with pytest.raises(ValueError, match=r"--speculative-config \(ngram\) is refused.*cannot be rolled back"):
-        runner_for(checkpoints["hybrid"], speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=2))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_speculative_decoding_keeps_the_tokens_of_plain_decoding(monkeypatch, checkpoints, prompts, references,
+                                                         layout: str) -> None:
+    """On/off golden. Drafts two right then one wrong: each verification folds a rejected draft into the state, and
+    the state after the accepted ones is restored, so the tokens are those of decoding without drafts (min_tokens
+    would block drafting, so EOS is ignored instead)."""
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    plain = Engine(runner_for(checkpoints[layout]), max_num_batched_tokens=8, max_num_seqs=4)
+    expected = serve(plain, prompts, depth=2, params=params)
+    speculative = register_oracle(monkeypatch, prompts, expected)
+    engine = Engine(runner_for(checkpoints[layout], speculative=speculative), max_num_batched_tokens=8,
+                    max_num_seqs=4, speculative=speculative)
+    assert serve(engine, prompts, depth=2, params=params) == expected
+    stats = engine.scheduler.stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
 
 def test_beam_search_is_refused_at_admission(checkpoints, prompts) -> None:
