@@ -4,8 +4,8 @@ A sequence's state is its last kernel_size - 1 inputs per channel ([channels, ke
 starts at token 0, which is the zero padding a full-sequence conv sees). Key design choice: one vectorised pass for
 any mix of prefill chunks and decodes -- each sequence's state rows are laid before its tokens in one flat buffer,
 every token gathers its window from it, and each sequence's last kernel_size - 1 rows become its new state -- so no
-loop runs per sequence or per token. With `metadata.keep_rows` (speculative decoding) the state after every token
-is kept too.
+loop runs per sequence or per token. With `metadata.kept` (speculative decoding) the states after those tokens are
+kept too.
 `ChannelConv` holds the kernel as nn.Conv1d stores it, each tensor-parallel rank its slice of the channels.
 Usage: `output = causal_conv(inputs, state, conv.weight[:, 0, :], conv.bias, metadata)` (state rows updated).
 """
@@ -46,10 +46,11 @@ def causal_conv(inputs: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     ends = starts[1:] + shift + history  # one past each sequence's last row
     state[metadata.slots] = flat[ends.unsqueeze(1) - history + torch.arange(history, device=device)].transpose(
         1, 2).to(state.dtype)
-    if metadata.keep_rows is not None:
-        # The state after each token: its last `history` inputs, itself included.
-        after = flat[token_rows.unsqueeze(1) + torch.arange(1 - history, 1, device=device)]
-        state[metadata.keep_rows] = after.transpose(1, 2).to(state.dtype)
+    if metadata.kept is not None:
+        # The state after a kept token: its last `history` inputs, itself included.
+        kept_rows = token_rows[metadata.kept.tokens]
+        after = flat[kept_rows.unsqueeze(1) + torch.arange(1 - history, 1, device=device)]
+        state[metadata.kept.targets] = after.transpose(1, 2).to(state.dtype)
     return output
 
 

@@ -91,13 +91,14 @@ class GatedDeltaNet(StateLayer):
                     beta: torch.Tensor, state: torch.Tensor, metadata: StateMetadata) -> torch.Tensor:
         """Outputs [tokens, v_heads, v_dim], token by token, each sequence continuing from its state row."""
         output = torch.empty_like(value)
-        for rows, slots in token_offsets(metadata):
+        for rows, slots, keep in token_offsets(metadata):
             matrix = state[slots] * decay[rows][..., None, None]  # [n, heads, k_dim, v_dim]
             k = key[rows]
             delta = (value[rows] - (matrix * k[..., None]).sum(dim=-2)) * beta[rows][..., None]
             matrix = matrix + k[..., None] * delta[..., None, :]
             output[rows] = (matrix * query[rows][..., None]).sum(dim=-2)
             state[slots] = matrix
-            if metadata.keep_rows is not None:
-                state[metadata.keep_rows[rows]] = matrix
+            if keep is not None:
+                index, targets = keep
+                state[targets] = matrix[index]
         return output

@@ -7,7 +7,7 @@ boundary may save its slot's state into one after the step (`save`), and a reque
 snapshot of its last hit block into its slot before the step (`load`). Per slot the host counts the tokens its
 state has folded in; a step must continue from there, restart at 0 (the row is zeroed) or load a snapshot.
 With speculative decoding, layers keep the state after each token of a chunk verifying drafts in scratch rows of
-its slot (`keep_rows`), and `restore` takes the one after the accepted drafts; the scheduler's rollback `rewind`s
+its slot (`kept_states`), and `restore` takes the one after the accepted drafts; the scheduler's rollback `rewind`s
 the count. Usage: `group = StateGroup(layers, max_num_seqs, num_snapshots, dtype, device, draft_positions)`;
 `group.allocate()`; per step `group.load(...)`, `group.build_metadata(...)`, the forward, `group.save(...)`.
 """
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rapid_llm.layers.state_layer import StateLayer, StateMetadata
+from rapid_llm.layers.state_layer import KeptStates, StateLayer, StateMetadata
 from rapid_llm.ops.attention.backend import AttentionMetadata
 from rapid_llm.utils.host_staging import to_device
 
@@ -29,7 +29,6 @@ class StateGroup:
                  device: torch.device, draft_positions: int = 0) -> None:
         self.layers = layers
         self.specs = [layer.state_spec(dtype) for layer in layers]
-        self.padding_row = max_num_seqs
         self.first_snapshot = max_num_seqs + 1  # slot rows, the padding row, the snapshots, the scratch rows
         self.num_snapshots = num_snapshots
         # Speculative decoding: per slot, the state after each token of a chunk verifying drafts (1 + k tokens).
@@ -62,17 +61,26 @@ class StateGroup:
         if snapshots:
             self._copy(list(slots), self._snapshot_rows(snapshots))
 
-    def keep_rows(self, slots: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray) -> np.ndarray | None:
-        """Per token of the step, the row its state is kept in: a scratch row of its slot for the tokens of a chunk
-        verifying drafts, the padding row for the others (None: no chunk verifies drafts)."""
-        if not num_drafts.any():
+    def kept_states(self, slots: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray) -> KeptStates | None:
+        """The tokens of chunks verifying drafts, each kept in its slot's scratch row for its position in the chunk
+        (None: no chunk verifies drafts). Only those tokens: a prefill beside them keeps nothing."""
+        verifying = np.flatnonzero(num_drafts > 0)
+        if not verifying.size:
             return None
-        if int(query_lens[num_drafts > 0].max()) > self.draft_positions:
-            raise ValueError(f"a chunk verifies {int(query_lens.max()) - 1} drafts, but the state keeps "
+        if int(query_lens[verifying].max()) > self.draft_positions:
+            raise ValueError(f"a chunk verifies {int(query_lens[verifying].max()) - 1} drafts, but the state keeps "
                              f"{self.draft_positions} positions per slot (--speculative-config's tokens + 1)")
-        offsets = np.arange(int(query_lens.sum())) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
-        rows = self.first_scratch + np.repeat(slots, query_lens) * self.draft_positions + offsets
-        return np.where(np.repeat(num_drafts > 0, query_lens), rows, self.padding_row)
+        starts = np.cumsum(query_lens) - query_lens
+        kept = [(int(starts[seq]) + offset, self.first_scratch + int(slots[seq]) * self.draft_positions + offset,
+                 offset, int((query_lens[:seq] > offset).sum()))
+                for seq in verifying.tolist() for offset in range(int(query_lens[seq]))]
+        tokens, targets, offsets, indices = (np.array(column) for column in zip(*kept))
+        by_offset = {int(offset): (indices[offsets == offset], targets[offsets == offset])
+                     for offset in np.unique(offsets)}
+        staged = to_device([torch.from_numpy(array) for array in
+                            (tokens, targets, *(part for pair in by_offset.values() for part in pair))], self.device)
+        return KeptStates(staged[0], staged[1], {offset: (staged[2 + 2 * i], staged[3 + 2 * i])
+                                                 for i, offset in enumerate(by_offset)})
 
     def restore(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
         """After a verification: each slot takes the state kept after its last token and `num_accepted` drafts."""
@@ -110,14 +118,13 @@ class StateGroup:
                              f"state holds {self.num_tokens[slots[row]]} tokens (a chunk must start at 0, where the "
                              "state stopped, or where a loaded snapshot left it)")
         fresh = starts == 0
-        keep = self.keep_rows(slots, query_lens, num_drafts)
-        fresh_slots, has_initial_state, *keep_rows = to_device(
-            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64)),
-             *([] if keep is None else [torch.from_numpy(keep)])], self.device)
+        fresh_slots, has_initial_state = to_device(
+            [torch.from_numpy(slots[fresh]), torch.from_numpy((~fresh).astype(np.int64))], self.device)
         if fresh.any():
             for layer in self.layers:
                 for tensor in layer.bound():
                     tensor.index_fill_(0, fresh_slots, 0)
         self.num_tokens[slots] = starts + query_lens
         return StateMetadata(slots_on_device, slots_on_device[common.seq_index], common.query_start_loc,
-                             has_initial_state.bool(), int(query_lens.max()), keep_rows[0] if keep_rows else None)
+                             has_initial_state.bool(), int(query_lens.max()),
+                             self.kept_states(slots, query_lens, num_drafts))

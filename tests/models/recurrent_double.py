@@ -53,11 +53,12 @@ class RecurrentMixer(StateLayer):
         inputs = self.in_proj(hidden_states)
         outputs = torch.empty_like(inputs)
         # Offset t of every sequence at once: its state row folds in its t-th new token.
-        for rows, slots in token_offsets(metadata):
+        for rows, slots, keep in token_offsets(metadata):
             state[slots] = self.decay * state[slots] + inputs[rows]
             outputs[rows] = state[slots]
-            if metadata.keep_rows is not None:  # speculative decoding: the state after every token is kept
-                state[metadata.keep_rows[rows]] = state[slots]
+            if keep is not None:  # speculative decoding: the states after these tokens are kept
+                index, targets = keep
+                state[targets] = state[slots[index]]
         return self.o_proj(outputs)
 
 
