@@ -92,10 +92,10 @@ class ScheduledChunk(_Part):
     # A worker-side proposer drafts for this request after the step only when set: False while the request does
     # not speculate (adaptive off paused it, or its parameters block drafts), so no draft forward is wasted.
     draft_after: bool = True
-    # Models with state layers: the snapshot to load into the slot before the step (its prefix hit's), and the one
-    # to keep the slot's state in after it (the chunk ends at a block boundary); -1: none.
+    # Models with state layers: the snapshot to load into the slot before the step (its prefix hit's; -1: none), and
+    # (position, snapshot) pairs: keep the state after the request's first `position` tokens (inside the chunk).
     state_load: int = -1
-    state_save: int = -1
+    state_saves: list[tuple[int, int]] = []
 
 
 class BlockCopy(_Part):
@@ -149,7 +149,7 @@ class WorkerReady(_Message):
     # Layers in the worker's state cache group (per-request recurrent state): they cache nothing per block, so a
     # prefix-cache hit (every group's hits intersected) never exists, and beam search cannot fork their state.
     num_state_layers: int = 0
-    num_state_snapshots: int = 0  # snapshot rows the scheduler may name in state_load / state_save
+    num_state_snapshots: int = 0  # snapshot rows the scheduler may name in state_load / state_saves
 
 
 class WorkerFailed(_Message):

@@ -193,9 +193,6 @@ class Scheduler(StepResults):
         num_new = min(request.num_tokens - num_computed, draft.budget)
         if num_new > 1 and draft.prefill is not None:
             num_new = draft.prefill.cap(num_computed, num_new)
-        snapshots = self._prefix_cache.snapshots
-        if snapshots is not None:
-            num_new = snapshots.cut(num_computed, num_new, request.num_tokens)
         reaches_end = num_computed + num_new == request.num_tokens
         if reaches_end and not request.can_sample():
             return 0
@@ -217,13 +214,13 @@ class Scheduler(StepResults):
             draft.prefill.count(request.num_computed_tokens, num_new,
                                 ends_prompt=request.num_computed_tokens + num_new == request.num_tokens)
         snapshots = self._prefix_cache.snapshots
-        save = None if snapshots is None else snapshots.save_for(request, request.num_computed_tokens + num_new)
-        if save is not None:
-            draft.snapshot_saves.append(save)
+        saves = [] if snapshots is None else snapshots.saves_for(request, request.num_computed_tokens,
+                                                                 request.num_computed_tokens + num_new)
+        draft.snapshot_saves.extend(saves)
         draft.chunks.append(ScheduledChunk(request.slot, request.num_computed_tokens, num_new, new_block_ids,
                                            cached_block_ids or [], drafts or [], self.drafts_after(request),
                                            state_load=request.state_load,
-                                           state_save=-1 if save is None else save.snapshot))
+                                           state_saves=[(save.position, save.snapshot) for save in saves]))
         request.state_load = -1
         request.draft_token_ids = drafts or []
         request.num_computed_tokens += num_new

@@ -2,13 +2,13 @@
 conv, recurrent) start a request from a prefix-cache hit.
 
 Key design choice: a snapshot is the state after a full block, kept under that block's chained hash -- the same
-key as the KV -- in a `BlockManager` of its own (reference counts, LRU eviction, hash table). A chunk that ends at
-a block boundary whose tokens are all known saves its slot's state into a fresh snapshot after the step; the
-snapshot is registered only once the step's result arrives, because a step loads before its forward and saves
-after it, so a request planned into the same step must not see it. Chunks are cut at the last block boundary
-before a prompt's end (one more step per prompt, as vLLM's mamba "align" mode), so a repeated prompt finds a
-snapshot; a hit is then the longest KV hit whose last block has one (PrefixCache.lookup).
-Usage: `cut` in planning; `save_for` per chunk; `commit` with each result; `snapshot_of(hash)` at admission.
+key as the KV -- in a `BlockManager` of its own (reference counts, LRU eviction, hash table). A chunk keeps the
+state at every SNAPSHOT_INTERVAL_BLOCKS-th block boundary of known tokens it passes, and at the last boundary
+before its request's last token (what a repeat of the prompt hits); the layers write those states during the
+forward, at any position inside the chunk, so no chunk is cut for them. A snapshot is registered only once the
+step's result arrives (a step loads before its forward, so a request planned into the same step must not see one
+that step writes). A hit is the longest KV hit whose last block has a snapshot (PrefixCache.lookup).
+Usage: `saves_for` per chunk; `commit` with each result; `snapshot_of(hash)` at admission.
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ from rapid_llm.scheduler_proc.request_state import RequestState
 from rapid_llm.utils.block_hash import BlockHash
 
 
+# Snapshots are kept every this many blocks of a request's positions, and at its prompt's last block boundary.
+SNAPSHOT_INTERVAL_BLOCKS = 16
+
+
 class SnapshotSave(NamedTuple):
     snapshot: int
     block_hash: BlockHash
     slot: int  # the slot whose state is saved (a failed one's snapshot is not kept)
+    position: int  # the state after this many tokens
 
 
 class StateSnapshots:
@@ -36,22 +41,27 @@ class StateSnapshots:
         """The snapshot of the state after the block whose hash this is, if one is kept."""
         return self._pool.cached_block(block_hash)
 
-    def cut(self, num_computed: int, num_new: int, num_tokens: int) -> int:
-        """`num_new` cut so the chunk ends at the last block boundary it passes before the request's last token."""
-        boundary = min(num_computed + num_new, num_tokens - 1) // self.block_size * self.block_size
-        return boundary - num_computed if boundary > num_computed else num_new
+    def saves_for(self, request: RequestState, start: int, end: int) -> list[SnapshotSave]:
+        """Snapshots for the states a chunk computing tokens [start, end) passes: every SNAPSHOT_INTERVAL_BLOCKS
+        blocks and at the last block boundary before the request's last token (what a repeat of it hits)."""
+        stride = SNAPSHOT_INTERVAL_BLOCKS * self.block_size
+        last = (request.num_tokens - 1) // self.block_size * self.block_size
+        positions = set(range((start // stride + 1) * stride, end + 1, stride))
+        if start < last <= end:
+            positions.add(last)
+        return [save for position in sorted(positions) if (save := self._save_at(request, position)) is not None]
 
-    def save_for(self, request: RequestState, end: int) -> SnapshotSave | None:
-        """A snapshot for the state after the request's first `end` tokens, when that is a block boundary of known
-        tokens not kept yet and a snapshot is free (the least recently used cached one is evicted)."""
-        num_blocks = end // self.block_size
-        if num_blocks == 0 or end % self.block_size or end > request.num_known_tokens or request.slot is None:
+    def _save_at(self, request: RequestState, position: int) -> SnapshotSave | None:
+        """A snapshot for the state after the request's first `position` tokens, when they are known and not kept
+        yet and a snapshot is free (the least recently used cached one is evicted)."""
+        num_blocks = position // self.block_size
+        if num_blocks == 0 or position > request.num_known_tokens or request.slot is None:
             return None
         block_hash = request.block_hashes(num_blocks)[num_blocks - 1]
         if block_hash in self._pending or self.snapshot_of(block_hash) is not None or not self._pool.can_allocate(1):
             return None
         self._pending.add(block_hash)
-        return SnapshotSave(self._pool.allocate(1)[0], block_hash, request.slot)
+        return SnapshotSave(self._pool.allocate(1)[0], block_hash, request.slot, position)
 
     def commit(self, saves: list[SnapshotSave], failed_slots: set[int]) -> None:
         """A step's saves are done: keep each under its hash (unless its slot failed) and return it to the pool."""

@@ -184,12 +184,6 @@ class CacheGroups:
             self._snapshot_state().load([chunk.slot for chunk in loads], [chunk.state_load for chunk in loads],
                                         [chunk.num_computed_tokens for chunk in loads])
 
-    def save_snapshots(self, chunks: Sequence[Any]) -> None:
-        """After a step's forward: chunks ending at a block boundary keep their state in the named snapshot."""
-        saves = [chunk for chunk in chunks if chunk.state_save >= 0]
-        if saves:
-            self._snapshot_state().save([chunk.slot for chunk in saves], [chunk.state_save for chunk in saves])
-
     def restore_verified(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
         """After a step verifying drafts in `slots`: each keeps the state after its accepted drafts."""
         if self.state is not None and len(slots):
@@ -232,7 +226,8 @@ class CacheGroups:
                                  reserved, scratch)
 
     def build_metadata(self, layouts: Sequence[StepLayout], slots: np.ndarray, starts: np.ndarray,
-                       query_lens: np.ndarray, num_drafts: np.ndarray, slots_on_device: torch.Tensor
+                       query_lens: np.ndarray, num_drafts: np.ndarray,
+                       state_saves: Sequence[Sequence[tuple[int, int]]], slots_on_device: torch.Tensor
                        ) -> tuple[AttentionMetadata, dict[str, Any]]:
         """Every group's metadata for one step (`layouts[t]` over KV table t's rows), keyed by group name, and the
         metadata `ForwardBatch.attention` holds (the first paged group's, else the common positions and lengths)."""
@@ -240,6 +235,6 @@ class CacheGroups:
                                     for group in self.target}
         attention = next(iter(metadata.values())) if metadata else build_common_metadata(layouts[0], self.device)
         if self.state is not None:
-            metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, num_drafts, slots_on_device,
-                                                              attention)
+            metadata[STATE_GROUP] = self.state.build_metadata(slots, starts, query_lens, num_drafts, state_saves,
+                                                              slots_on_device, attention)
         return attention, metadata

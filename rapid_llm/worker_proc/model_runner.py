@@ -62,7 +62,7 @@ class Chunk(Protocol):
     num_new_tokens: int
     draft_token_ids: Sequence[int]  # the last len(draft_token_ids) tokens computed are drafts to verify
     state_load: int  # a state snapshot to start from (a prefix hit of a model with state), else -1
-    state_save: int  # a state snapshot to keep the state after the chunk in, else -1
+    state_saves: Sequence[tuple[int, int]]  # (position, snapshot): keep the state after `position` tokens
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     draft_token_ids: Sequence[int] = ()  # written after output_token_ids by `execute`
     state_load: int = -1
-    state_save: int = -1
+    state_saves: Sequence[tuple[int, int]] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -268,8 +268,7 @@ class ModelRunner:
         batch.flush_blocks()
         self.cache_groups.load_snapshots(chunks)
         chunk_drafts = np.fromiter((len(chunk.draft_token_ids) for chunk in chunks), dtype=np.int64, count=len(chunks))
-        hidden_states = self._forward(slots, query_lens, ends, chunk_drafts)
-        self.cache_groups.save_snapshots(chunks)
+        hidden_states = self._forward(slots, query_lens, ends, chunk_drafts, [chunk.state_saves for chunk in chunks])
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
             prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))
@@ -393,9 +392,10 @@ class ModelRunner:
                 raise ValueError(f"request {batch.request_ids[slots[first]]} (slot {slots[first]}): {message(first)}")
 
     def _forward(self, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
-                 num_drafts: np.ndarray | None = None) -> torch.Tensor:
+                 num_drafts: np.ndarray | None = None,
+                 state_saves: Sequence[Sequence[tuple[int, int]]] = ()) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the step's new tokens (`num_drafts`: per chunk, the drafts it
-        verifies; none by default)."""
+        verifies; `state_saves`: per chunk, the state snapshots it keeps; none by default)."""
         batch = self.input_batch
         width = int(batch.num_blocks[slots].max()) or 1
         slots_on_device = to_device([torch.from_numpy(slots)], self.device)[0]
@@ -413,7 +413,8 @@ class ModelRunner:
                 return hidden_states
         attention, groups = self.cache_groups.build_metadata(
             layouts, slots, seq_lens - query_lens, query_lens,
-            np.zeros_like(slots) if num_drafts is None else num_drafts, slots_on_device)
+            np.zeros_like(slots) if num_drafts is None else num_drafts, state_saves or [()] * len(slots),
+            slots_on_device)
         input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, attention.seq_index)

@@ -2,14 +2,14 @@
 slot, a padding row, and rows of snapshots that keep a state at a block boundary for prefix-cache hits.
 
 Key design choice: state is not paged, so a prefix hit cannot share it by block as KV is shared. Instead the
-scheduler names snapshot rows (its own pool, scheduler_proc/prefix_cache.py): a chunk that ends at a block
-boundary may save its slot's state into one after the step (`save`), and a request starting from a hit loads the
-snapshot of its last hit block into its slot before the step (`load`). Per slot the host counts the tokens its
-state has folded in; a step must continue from there, restart at 0 (the row is zeroed) or load a snapshot.
+scheduler names snapshot rows (its own pool, scheduler_proc/state_snapshots.py): a chunk may keep the state after
+any of its tokens in one (the layers write it during the forward, `kept_states`), and a request starting from a
+hit loads the snapshot of its last hit block into its slot before the step (`load`). Per slot the host counts the
+tokens its state has folded in; a step must continue from there, restart at 0 (the row is zeroed) or load one.
 With speculative decoding, layers keep the state after each token of a chunk verifying drafts in scratch rows of
 its slot (`kept_states`), and `restore` takes the one after the accepted drafts; the scheduler's rollback `rewind`s
 the count. Usage: `group = StateGroup(layers, max_num_seqs, num_snapshots, dtype, device, draft_positions)`;
-`group.allocate()`; per step `group.load(...)`, `group.build_metadata(...)`, the forward, `group.save(...)`.
+`group.allocate()`; per step `group.load(...)`, `group.build_metadata(...)`, the forward.
 """
 
 from __future__ import annotations
@@ -56,25 +56,31 @@ class StateGroup:
             self._copy(self._snapshot_rows(snapshots), list(slots))
             self.num_tokens[list(slots)] = starts
 
-    def save(self, slots: Sequence[int], snapshots: Sequence[int]) -> None:
-        """Keep each slot's state (after this step's chunk) in a snapshot row."""
-        if snapshots:
-            self._copy(list(slots), self._snapshot_rows(snapshots))
-
-    def kept_states(self, slots: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray) -> KeptStates | None:
-        """The tokens of chunks verifying drafts, each kept in its slot's scratch row for its position in the chunk
-        (None: no chunk verifies drafts). Only those tokens: a prefill beside them keeps nothing."""
+    def kept_states(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray,
+                    state_saves: Sequence[Sequence[tuple[int, int]]]) -> KeptStates | None:
+        """The tokens whose states (after them) the layers keep this step (None: none): each token of a chunk
+        verifying drafts in its slot's scratch row for its position in the chunk, and the token a snapshot ends at
+        in the snapshot's row."""
         verifying = np.flatnonzero(num_drafts > 0)
-        if not verifying.size:
-            return None
-        if int(query_lens[verifying].max()) > self.draft_positions:
+        if verifying.size and int(query_lens[verifying].max()) > self.draft_positions:
             raise ValueError(f"a chunk verifies {int(query_lens[verifying].max()) - 1} drafts, but the state keeps "
                              f"{self.draft_positions} positions per slot (--speculative-config's tokens + 1)")
-        starts = np.cumsum(query_lens) - query_lens
-        kept = [(int(starts[seq]) + offset, self.first_scratch + int(slots[seq]) * self.draft_positions + offset,
-                 offset, int((query_lens[:seq] > offset).sum()))
+        kept = [(seq, offset, self.first_scratch + int(slots[seq]) * self.draft_positions + offset)
                 for seq in verifying.tolist() for offset in range(int(query_lens[seq]))]
-        tokens, targets, offsets, indices = (np.array(column) for column in zip(*kept))
+        for seq, saves in enumerate(state_saves):
+            for position, snapshot in saves:
+                offset = position - 1 - int(starts[seq])
+                if not 0 <= offset < query_lens[seq]:
+                    raise ValueError(f"slot {slots[seq]}: a state snapshot after token {position} is outside the "
+                                     f"chunk's tokens [{starts[seq]}, {starts[seq] + query_lens[seq]})")
+                kept.append((seq, offset, self._snapshot_rows([snapshot])[0]))
+        if not kept:
+            return None
+        first_token = np.cumsum(query_lens) - query_lens
+        seqs, offsets, targets = (np.array(column) for column in zip(*kept))
+        tokens = first_token[seqs] + offsets
+        # A token's index among the sequences that have one at its offset (what a token loop's `rows` holds).
+        indices = np.array([int((query_lens[:seq] > offset).sum()) for seq, offset in zip(seqs, offsets)])
         by_offset = {int(offset): (indices[offsets == offset], targets[offsets == offset])
                      for offset in np.unique(offsets)}
         staged = to_device([torch.from_numpy(array) for array in
@@ -107,7 +113,8 @@ class StateGroup:
                 tensor.index_copy_(0, target, tensor.index_select(0, source))
 
     def build_metadata(self, slots: np.ndarray, starts: np.ndarray, query_lens: np.ndarray, num_drafts: np.ndarray,
-                       slots_on_device: torch.Tensor, common: AttentionMetadata) -> StateMetadata:
+                       state_saves: Sequence[Sequence[tuple[int, int]]], slots_on_device: torch.Tensor,
+                       common: AttentionMetadata) -> StateMetadata:
         """The step's state metadata; zeroes the rows of sequences starting at token 0. A chunk starting elsewhere
         must continue exactly where its slot's state stopped (or a snapshot loaded it): state cannot be rolled
         back, so anything else would be wrong output, and is refused."""
@@ -127,4 +134,4 @@ class StateGroup:
         self.num_tokens[slots] = starts + query_lens
         return StateMetadata(slots_on_device, slots_on_device[common.seq_index], common.query_start_loc,
                              has_initial_state.bool(), int(query_lens.max()),
-                             self.kept_states(slots, query_lens, num_drafts))
+                             self.kept_states(slots, starts, query_lens, num_drafts, state_saves))

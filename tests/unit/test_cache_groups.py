@@ -76,7 +76,7 @@ def test_two_attention_ops_make_two_paged_groups_with_their_own_backends_and_met
     assert select("attention") is not select("mla_attention")
     layout = StepLayout([3, 1], [3, 5], [[0], [1, 2]], BLOCK_SIZE)
     slots = np.array([0, 1])
-    primary, metadata = groups.build_metadata([layout], slots, np.array([0, 4]), np.array([3, 1]), np.zeros(2, int),
+    primary, metadata = groups.build_metadata([layout], slots, np.array([0, 4]), np.array([3, 1]), np.zeros(2, int), [(), ()],
                                               torch.from_numpy(slots))
     assert set(metadata) == {"attention", "mla_attention"} and primary is metadata["attention"]
     batch = ForwardBatch(torch.zeros(4, dtype=torch.int64), primary, metadata)
@@ -108,7 +108,7 @@ def test_a_proposers_layers_are_a_group_reading_the_pool_plus_their_scratch(mode
     assert target.bound()[0].shape[1] == cache.num_blocks and draft.bound()[0].shape[1] == cache.num_blocks + 3
     assert draft.bound()[1] is target.bound()[1]
     _, metadata = groups.build_metadata([StepLayout([1], [1], [[0]], BLOCK_SIZE)], np.array([0]), np.array([0]),
-                                        np.array([1]), np.zeros(1, int), torch.tensor([0]))
+                                        np.array([1]), np.zeros(1, int), [()], torch.tensor([0]))
     assert set(metadata) == {"attention"}, "the proposer builds its group's metadata itself"
 
 
@@ -130,7 +130,8 @@ def state_step(groups: CacheGroups, slots: list[int], starts: list[int], query_l
     layout = StepLayout(query_lens, seq_lens, [list(range(16))] * len(slots), BLOCK_SIZE)
     slot_array = np.array(slots)
     attention, metadata = groups.build_metadata([layout], slot_array, np.array(starts), np.array(query_lens),
-                                                np.zeros(len(slots), int), torch.from_numpy(slot_array))
+                                                np.zeros(len(slots), int), [()] * len(slots),
+                                                torch.from_numpy(slot_array))
     return ForwardBatch(torch.zeros(sum(query_lens), dtype=torch.int64), attention, metadata)
 
 

@@ -1,30 +1,44 @@
 """State snapshots in the scheduler (scheduler_proc/state_snapshots.py), driven by test_scheduler.py's fake worker:
-a model with state layers cuts a prompt's chunk at its last block boundary and saves the state there, a repeated
-prompt starts from that snapshot with the blocks before it, a snapshot is usable only once its step's result is in,
-and without snapshots such a model never hits."""
+a model with state layers keeps the state at a prompt's last block boundary and every interval inside its chunks
+(no chunk is cut), a repeated or prefix-sharing prompt starts from the latest kept state it shares, a snapshot is
+usable only once its step's result is in, and without snapshots such a model never hits."""
 
 from __future__ import annotations
 
 from rapid_llm.scheduler_proc.scheduler import Scheduler
+from rapid_llm.scheduler_proc.state_snapshots import SNAPSHOT_INTERVAL_BLOCKS
 from tests.unit.test_scheduler import FakeWorker, make_config, request
 from tests.unit.test_scheduler_prefix_cache import first_chunk, run_until_idle
 
 PROMPT = list(range(4, 14))  # 10 tokens: two full blocks of 4, then 2
 
 
-def test_a_prompt_is_cut_at_its_last_block_boundary_and_a_repeat_starts_from_the_snapshot() -> None:
+def test_a_prompt_keeps_the_state_at_its_last_block_boundary_and_a_repeat_starts_from_it() -> None:
     config = make_config(recurrent_state=True, state_snapshots=4)
     scheduler, worker = Scheduler(config), FakeWorker(config, lambda tokens: 5)
     scheduler.add_request(request("first", PROMPT, max_tokens=2, ignore_eos=True))
     plans = run_until_idle(scheduler, worker)
-    chunks = [chunk for plan in plans for chunk in plan.scheduled]
-    # One more step than the budget needs: [0, 8) keeps the state at the boundary, [8, 10) samples.
-    assert [(c.num_computed_tokens, c.num_new_tokens) for c in chunks[:2]] == [(0, 8), (8, 2)]
-    assert chunks[0].state_save >= 0 and chunks[1].state_save == -1 and chunks[0].state_load == -1
+    first = plans[0].scheduled[0]
+    # One chunk (no cut): the state after token 8, inside it, is kept for a repeat.
+    assert (first.num_computed_tokens, first.num_new_tokens) == (0, 10)
+    assert len(first.state_saves) == 1 and first.state_saves[0][0] == 8 and first.state_load == -1
     scheduler.add_request(request("again", PROMPT, max_tokens=2, ignore_eos=True))
     hit = first_chunk(run_until_idle(scheduler, worker), "again")
-    assert (hit.num_computed_tokens, len(hit.cached_block_ids), hit.state_load) == (8, 2, chunks[0].state_save)
+    assert (hit.num_computed_tokens, len(hit.cached_block_ids), hit.state_load) == (8, 2, first.state_saves[0][1])
     assert scheduler.stats().prefix_cache_hits == 8
+
+
+def test_a_long_prompt_keeps_states_every_interval_for_the_prefixes_it_shares() -> None:
+    config = make_config(recurrent_state=True, state_snapshots=8, max_model_len=256, block_size=4)
+    scheduler, worker = Scheduler(config), FakeWorker(config, lambda tokens: 5)
+    shared = list(range(4, 4 + 150))
+    scheduler.add_request(request("first", shared + [7, 8, 9], max_tokens=1))
+    first = run_until_idle(scheduler, worker)[0].scheduled[0]
+    stride = SNAPSHOT_INTERVAL_BLOCKS * 4
+    assert [position for position, _ in first.state_saves] == [stride, 2 * stride, 152]
+    scheduler.add_request(request("other", shared + [11, 12, 13, 14], max_tokens=1))
+    hit = first_chunk(run_until_idle(scheduler, worker), "other")
+    assert hit.num_computed_tokens == 2 * stride  # the last kept state inside the shared prefix
 
 
 def test_a_snapshot_is_used_only_once_the_step_that_saves_it_has_reported() -> None:
@@ -32,7 +46,7 @@ def test_a_snapshot_is_used_only_once_the_step_that_saves_it_has_reported() -> N
     scheduler, worker = Scheduler(config), FakeWorker(config, lambda tokens: 5)
     scheduler.add_request(request("first", PROMPT, max_tokens=1))
     saving = scheduler.schedule()
-    assert saving is not None and saving.scheduled[0].state_save >= 0
+    assert saving is not None and saving.scheduled[0].state_saves
     scheduler.add_request(request("twin", PROMPT, max_tokens=1))
     planned_before = scheduler.schedule()  # its blocks are cached, but the state after them is not saved yet
     assert planned_before is not None
@@ -46,6 +60,5 @@ def test_without_snapshots_a_model_with_state_never_hits() -> None:
     for name in ("first", "again"):
         scheduler.add_request(request(name, PROMPT, max_tokens=1))
         chunks = [chunk for plan in run_until_idle(scheduler, worker) for chunk in plan.scheduled]
-        assert chunks[0].num_new_tokens == len(PROMPT), "no cut without snapshots"
-        assert all(chunk.state_save == -1 and chunk.state_load == -1 for chunk in chunks)
+        assert all(not chunk.state_saves and chunk.state_load == -1 for chunk in chunks)
     assert scheduler.stats().prefix_cache_hits == 0
