@@ -77,12 +77,13 @@ class LlamaMLP(GatedMLP):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm residual block around an attention module, called (hidden_states, batch), and an MLP."""
 
-    def __init__(self, config: PretrainedConfig, self_attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, config: PretrainedConfig, self_attn: nn.Module, mlp: nn.Module,
+                 norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self, hidden_states: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
@@ -103,14 +104,14 @@ MakeMLP = Callable[[PretrainedConfig, int], nn.Module]
 
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, make_attention: MakeAttention,
-                 make_mlp: MakeMLP) -> None:
+                 make_mlp: MakeMLP, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, make_attention(config, i, rotary_emb), make_mlp(config, i))
+            LlamaDecoderLayer(config, make_attention(config, i, rotary_emb), make_mlp(config, i), norm)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(batch.input_ids), None
@@ -121,16 +122,17 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Family members override `attention_options` (switches), `make_mlp` (MoE), or `make_rope` and
-    `make_attention` (another attention, e.g. DeepSeek's MLA)."""
+    """Family members override `attention_options` (switches), `make_mlp` (MoE), `norm` (Qwen3-Next's zero-centred
+    RMSNorm), or `make_rope` and `make_attention` (another attention, e.g. DeepSeek's MLA)."""
 
     stacked_params: tuple[StackedParam, ...] = LLAMA_STACKED_PARAMS
+    norm: type[RMSNorm] = RMSNorm  # the decoder layers' and the final norm
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.config = config
         # One cos/sin table for all layers: it can be tens of MiB at long context.
-        self.model = LlamaModel(config, self.make_rope(config), self.make_attention, self.make_mlp)
+        self.model = LlamaModel(config, self.make_rope(config), self.make_attention, self.make_mlp, self.norm)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

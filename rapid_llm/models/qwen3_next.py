@@ -2,8 +2,8 @@
 "linear_attention" are Gated DeltaNet (layers/gated_delta_net.py, a state-group layer) and whose others are gated
 full attention: q_proj yields a query and an output gate per head, q/k RMSNorm per head, partial rotary.
 
-Its RMSNorms scale by (1 + weight) (zero-centred, `ZeroCentredRMSNorm`, swapped in for the shared block's; the
-gated norm inside Gated DeltaNet is a plain one). Tensor parallel is not built (not in the TP architectures).
+Its RMSNorms scale by (1 + weight) (zero-centred, `ZeroCentredRMSNorm`, the shared block's `norm` here; the gated
+norm inside Gated DeltaNet is a plain one). Tensor parallel is not built (not in the TP architectures).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class GatedAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, 2 * self.num_heads, self.num_kv_heads,
                                           bias=config.attention_bias)
         self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = ZeroCentredRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCentredRMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary_emb = rotary_emb
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
@@ -52,10 +52,6 @@ class GatedAttention(nn.Module):
         return self.o_proj(output * torch.sigmoid(gate.reshape(-1, size)))
 
 
-# The Gated DeltaNet layers' modules and parameters, which the checkpoint keeps under `linear_attn`.
-GATED_DELTA_NET_NAMES = ("in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
-
-
 class ZeroCentredRMSNorm(RMSNorm):
     """RMSNorm scaling by (1 + weight), in float32 and rounded once (as transformers' Qwen3-Next: a bf16 1 + w, or a
     bf16 product, would round where it does not)."""
@@ -69,22 +65,18 @@ class ZeroCentredRMSNorm(RMSNorm):
         return normed.to(x.dtype) if residual is None else (normed.to(x.dtype), residual)
 
 
-def zero_centre_norms(model: nn.Module) -> None:
-    """Every RMSNorm the shared blocks built becomes a ZeroCentredRMSNorm (same parameter, same name)."""
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if type(child) is RMSNorm:
-                norm = ZeroCentredRMSNorm(child.weight.shape[0], child.eps)
-                setattr(parent, name, norm)
+# The Gated DeltaNet layers' modules and parameters, which the checkpoint keeps under `linear_attn`.
+GATED_DELTA_NET_NAMES = ("in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
 
 
 class Qwen3NextForCausalLM(LlamaForCausalLM):
+    norm = ZeroCentredRMSNorm
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(config)
         self.stacked_params: tuple[StackedParam, ...] = (
             *expert_stacked_params(config.num_experts), *LLAMA_STACKED_PARAMS,
             *(StackedParam(f"self_attn.{name}", f"linear_attn.{name}", None) for name in GATED_DELTA_NET_NAMES))
-        zero_centre_norms(self)
 
     @classmethod
     def make_attention(cls, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:

@@ -31,6 +31,7 @@ from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.attention.kv_tables import KVTables, kv_tables
 from rapid_llm.ops.registry import REGISTRY
+from rapid_llm.utils.host_staging import to_device
 from rapid_llm.worker_proc.kv_cache import KVCache, allocate_kv_cache
 from rapid_llm.worker_proc.state_group import StateGroup
 
@@ -184,10 +185,12 @@ class CacheGroups:
             self._snapshot_state().load([chunk.slot for chunk in loads], [chunk.state_load for chunk in loads],
                                         [chunk.num_computed_tokens for chunk in loads])
 
-    def restore_verified(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
-        """After a step verifying drafts in `slots`: each keeps the state after its accepted drafts."""
-        if self.state is not None and len(slots):
-            self.state.restore(slots, num_accepted)
+    def restore_verified(self, slots: np.ndarray, verifying: np.ndarray, num_accepted: torch.Tensor) -> None:
+        """After a step sampling `slots` (`num_accepted` per slot): those `verifying` drafts keep the state after
+        their accepted drafts. Nothing without a state group."""
+        if self.state is not None and verifying.any():
+            self.state.restore(slots[verifying].tolist(),
+                               num_accepted[to_device([torch.from_numpy(verifying)], self.device)[0]])
 
     def rewind(self, slot: int, num_tokens: int) -> None:
         """A rollback: the slot's state holds `num_tokens` tokens (what `restore_verified` left)."""

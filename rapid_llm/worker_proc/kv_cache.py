@@ -72,15 +72,15 @@ class KVCache:
         """Per KV table, the tokens its layers attend back at most (None: the whole context)."""
         return self.tables.windows
 
-    def _tensors(self) -> list[tuple[PagedAttentionLayer, KVCacheSpec]]:
-        """One layer (and its spec) per distinct tensor: tables share tensors."""
-        seen: set[int] = set()
-        distinct = []
+    def __post_init__(self) -> None:
+        # One layer (and its spec) per distinct tensor, what zeroing and copying go over: tables share tensors.
+        distinct: dict[int, tuple[PagedAttentionLayer, KVCacheSpec]] = {}
         for layer, spec in zip(self.layers, self.specs):
-            if id(layer.kv_cache) not in seen:
-                seen.add(id(layer.kv_cache))
-                distinct.append((layer, spec))
-        return distinct
+            distinct.setdefault(id(layer.kv_cache), (layer, spec))
+        self._distinct = list(distinct.values())
+
+    def _tensors(self) -> list[tuple[PagedAttentionLayer, KVCacheSpec]]:
+        return self._distinct
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero blocks that were just freshly allocated to a request, in every tensor."""

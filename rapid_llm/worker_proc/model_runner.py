@@ -357,9 +357,7 @@ class ModelRunner:
         targets[rows_on_device, columns] = sampled.token_ids
         num_accepted, token_ids = accept_one_hot(targets, drafts_on_device)
         # State layers kept the state after each verified position: each verifying slot takes its accepted one's.
-        verifying = num_drafts > 0
-        self.cache_groups.restore_verified(sample_slots[verifying].tolist(),
-                                           num_accepted[to_device([torch.from_numpy(verifying)], self.device)[0]])
+        self.cache_groups.restore_verified(sample_slots, num_drafts > 0, num_accepted)
         if self.drafting is not None:
             self.drafting.verify(logits, sampling_batch, counts, sample_slots, host_first_positions, num_outputs,
                                  drafts_on_device, num_accepted, token_ids)
