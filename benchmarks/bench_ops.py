@@ -27,7 +27,8 @@ import torch
 
 from rapid_llm.config.dtypes import dtype_from_name, dtype_name
 from rapid_llm.ops import REGISTRY, catalog
-from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig, ModelShape, OpCase
+from rapid_llm.ops.op_case_inputs import SHAPES, CaseConfig, ModelShape, OpCase
+from rapid_llm.ops.op_cases import OP_CASES
 from rapid_llm.ops.registry import NoImplementationError
 
 SHAPE_FLAGS = {field.name: field.name.replace("_", "-") for field in dataclasses.fields(ModelShape)}

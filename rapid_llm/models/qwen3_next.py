@@ -3,7 +3,8 @@
 full attention: q_proj yields a query and an output gate per head, q/k RMSNorm per head, partial rotary.
 
 Its RMSNorms scale by (1 + weight) (zero-centred, `ZeroCentredRMSNorm`, the shared block's `norm` here; the gated
-norm inside Gated DeltaNet is a plain one). Tensor parallel is not built (not in the TP architectures).
+norm inside Gated DeltaNet is a plain one). Tensor parallel ranks hold whole heads of every layer. The
+checkpoint's multi-token-prediction weights (`mtp.*`) are not loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from rapid_llm.layers.linear import QKVParallelLinear, RowParallelLinear
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.models.llama import LlamaForCausalLM, attention_head_dim
 from rapid_llm.models.qwen2_moe import qwen_moe_mlp
-from rapid_llm.models.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam, expert_stacked_params
+from rapid_llm.models.weight_mapping import (
+    LLAMA_STACKED_PARAMS,
+    MTP_REASON,
+    SkippedKeys,
+    StackedParam,
+    expert_stacked_params,
+)
 
 
 class GatedAttention(nn.Module):
@@ -28,12 +35,14 @@ class GatedAttention(nn.Module):
 
     def __init__(self, config: PretrainedConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = attention_head_dim(config)
-        # q_proj's rows are [query | gate] per head: a QKV layer with twice the heads holds them as its q shard.
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, 2 * self.num_heads, self.num_kv_heads,
-                                          bias=config.attention_bias)
-        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        # q_proj's rows are [query | gate] per head: a QKV layer with twice the heads holds them as its q shard (a
+        # tensor-parallel rank gets whole heads' pairs).
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, 2 * config.num_attention_heads,
+                                          config.num_key_value_heads, bias=config.attention_bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads // 2, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                        bias=config.attention_bias)
         self.q_norm = ZeroCentredRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary_emb = rotary_emb
@@ -66,22 +75,32 @@ class ZeroCentredRMSNorm(RMSNorm):
 
 
 # The Gated DeltaNet layers' modules and parameters, which the checkpoint keeps under `linear_attn`.
-GATED_DELTA_NET_NAMES = ("in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias", "A_log", "norm", "out_proj")
+GATED_DELTA_NET_NAMES = ("conv1d", "dt_bias", "A_log", "norm", "out_proj")
+QWEN3_NEXT_PROJECTIONS = (StackedParam("self_attn.in_proj", "linear_attn.in_proj_qkvz", 0),
+                          StackedParam("self_attn.in_proj", "linear_attn.in_proj_ba", 1))
 
 
 class Qwen3NextForCausalLM(LlamaForCausalLM):
     norm = ZeroCentredRMSNorm
+    gated_delta_net_grouped = True  # the checkpoint groups the projections per key head (layers/gated_delta_net.py)
+    gated_delta_net_projections: tuple[StackedParam, ...] = QWEN3_NEXT_PROJECTIONS
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(config)
         self.stacked_params: tuple[StackedParam, ...] = (
-            *expert_stacked_params(config.num_experts), *LLAMA_STACKED_PARAMS,
+            *self.expert_params(config), *LLAMA_STACKED_PARAMS,
+            *self.gated_delta_net_projections,
             *(StackedParam(f"self_attn.{name}", f"linear_attn.{name}", None) for name in GATED_DELTA_NET_NAMES))
+        self.skipped_checkpoint_keys = (SkippedKeys("mtp.*", r"mtp\..+", f"{MTP_REASON} (no proposer loads them)"),)
+
+    @staticmethod
+    def expert_params(config: PretrainedConfig) -> tuple[StackedParam, ...]:
+        return expert_stacked_params(config.num_experts)
 
     @classmethod
     def make_attention(cls, config: PretrainedConfig, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
         if config.layer_types[layer_id] == "linear_attention":
-            return GatedDeltaNet(config)
+            return GatedDeltaNet(config, grouped=cls.gated_delta_net_grouped)
         return GatedAttention(config, rotary_emb)
 
     @staticmethod

@@ -7,6 +7,8 @@ torch_ref is the always-available reference (the correctness oracle) of every op
 
 from __future__ import annotations
 
+from typing import Any
+
 from rapid_llm.ops.registry import register_op
 
 REFERENCE = "torch_ref"
@@ -17,6 +19,31 @@ register_op(name="rms_norm", backend="torch_fused", fn="rapid_llm.ops.rms_norm_f
 register_op(name="fused_add_rms_norm", backend=REFERENCE, fn="rapid_llm.ops.norm:fused_add_rms_norm")
 register_op(name="silu_and_mul", backend=REFERENCE, fn="rapid_llm.ops.activation:silu_and_mul")
 register_op(name="rotary_embedding", backend=REFERENCE, fn="rapid_llm.ops.rotary:rotary_embedding")
+# State ops (ops/state_metadata.py: their last argument is the step's StateMetadata). Their torch forms other than
+# the reference serve the steps they are shaped for: one token per sequence, or a prefill of at least one 64-token
+# chunk.
+
+
+def _one_token_each(*args: Any) -> bool:
+    return args[-1].max_query_len == 1
+
+
+def _long_prefill(*args: Any) -> bool:
+    return args[-1].max_query_len >= 64
+
+
+register_op(name="causal_conv", backend=REFERENCE, fn="rapid_llm.ops.state_conv:causal_conv")
+register_op(name="causal_conv", backend="torch_decode", fn="rapid_llm.ops.state_conv:causal_conv_decode", priority=5,
+            conditions={"predicate": _one_token_each})
+register_op(name="gated_delta_rule", backend=REFERENCE, fn="rapid_llm.ops.gated_delta:gated_delta_rule")
+register_op(name="gated_delta_rule", backend="torch_decode", fn="rapid_llm.ops.gated_delta:gated_delta_rule_decode",
+            priority=5, conditions={"predicate": _one_token_each})
+register_op(name="gated_delta_rule", backend="torch_chunked", fn="rapid_llm.ops.gated_delta:gated_delta_rule_chunked",
+            priority=5, conditions={"predicate": _long_prefill})
+# Mamba2's scan (ops/ssd.py): the chunked (SSD) form for the same long prefills.
+register_op(name="ssd_scan", backend=REFERENCE, fn="rapid_llm.ops.ssd:ssd_scan")
+register_op(name="ssd_scan", backend="torch_chunked", fn="rapid_llm.ops.ssd:ssd_scan_chunked", priority=5,
+            conditions={"predicate": _long_prefill})
 # Linear implementations are LinearKernels (rapid_llm/ops/linear_kernel.py): a layer selects one per weight and
 # stores the weight in the kernel's format; `ops.linear` dispatches calls on checkpoint-layout weights.
 register_op(name="linear", backend=REFERENCE, fn="rapid_llm.ops.linear_kernel:TORCH_LINEAR")
@@ -108,6 +135,28 @@ register_op(name="fused_moe", backend="triton", fn="rapid_llm.ops.triton.fused_m
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="mla_attention", backend="triton", fn="rapid_llm.ops.attention.mla_triton:TRITON_MLA_BACKEND",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
+# State ops: one form for decodes and prefills, kept states included.
+register_op(name="causal_conv", backend="triton", fn="rapid_llm.ops.triton.causal_conv:causal_conv",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="gated_delta_rule", backend="triton", fn="rapid_llm.ops.triton.gated_delta:gated_delta_rule",
+            priority=_TRITON_PRIORITY, conditions=_TRITON)
+register_op(name="ssd_scan", backend="triton", fn="rapid_llm.ops.triton.ssd:ssd_scan", priority=_TRITON_PRIORITY,
+            conditions=_TRITON)
+# flash-linear-attention's chunked gated delta rule (ops/fla_gated_delta.py) takes the prefills of at least one
+# 64-token chunk keeping no inner state, above the token-by-token Triton form. Unlike the optional libraries below
+# it cannot be opt-in (a pin would hold for decodes too, where its predicate fails); its adapter matched torch_ref
+# on a patched fla 0.5.2 under Triton's interpreter, not yet on a GPU, and `fla_missing` skips an fla that does not
+# import (0.5.2 with Triton 3.9).
+
+
+def _long_prefill_keeping_nothing(*args: Any) -> bool:
+    return _long_prefill(*args) and args[-1].kept is None
+
+
+register_op(name="gated_delta_rule", backend="fla", fn="rapid_llm.ops.fla_gated_delta:gated_delta_rule_fla",
+            priority=_TRITON_PRIORITY + 5,
+            conditions={"device": "cuda", "lib": "fla", "available": "rapid_llm.ops.fla_gated_delta:fla_missing",
+                        "predicate": _long_prefill_keeping_nothing})
 # Quantized linears: activations fake-quantized in one pass, then a GEMM that decodes the weight tile by tile
 # (rapid_llm/ops/triton/quant_gemm.py); int4 keeps torch_ref's weight format.
 for _op, _fn in (("fp8_linear", "quant_fp8_gemm:fp8_linear"), ("int4_linear", "quant_int4_gemm:TRITON_INT4"),

@@ -6,15 +6,15 @@ projections, the sampling filter's parameter mixes, attention's decode, extend a
 dtypes, and declare `prepare`, run once per implementation outside the timed call (for implementations that
 keep a weight in their own format), and `run`, one call (attention: the backend's build_metadata, then one
 layer's forward over a paged KV cache). Inputs come from a seeded CPU generator, so every device sees the
-same values. Adding an op = a builder here and one OP_CASES entry (a test checks every op has one).
+same values (op_case_inputs.py); the state ops' cases are in state_op_cases.py. Adding an op = a builder here
+and one OP_CASES entry (a test checks every op has one).
 Usage: `case = OP_CASES["rms_norm"]; args = case.prepare(fn, case.build(CaseConfig(SHAPES["llama-10m"], 8,
 torch.bfloat16, cpu), "").args); case.run(fn, args)`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -25,109 +25,31 @@ from rapid_llm.ops.attention.mla_backend import MLADims
 from rapid_llm.ops.fp4_linear import Fp4LinearSpec, fp4_linear
 from rapid_llm.ops.fp8_linear import Fp8LinearSpec, fp8_linear
 from rapid_llm.ops.int4_linear import Int4LinearSpec
+from rapid_llm.ops.op_case_inputs import CaseConfig, CaseInputs, ModelShape, OpCase, OpInputs
+from rapid_llm.ops.state_op_cases import STATE_OP_CASES
 from rapid_llm.ops.quant_moe import ExpertScales
 from rapid_llm.quantization.fp4_math import mxfp4_quantize, nvfp4_global_scale, nvfp4_quantize
 from rapid_llm.quantization.fp8_math import quantize_weight
 from rapid_llm.quantization.int4_math import quantize_rtn
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_experts: int = 8
-    experts_per_token: int = 2
-    moe_intermediate_size: int = 256
-    block_size: int = 16
-    kv_lora_rank: int = 128  # MLA latent width (DeepSeek-V2-Lite: 512)
-    qk_rope_head_dim: int = 32
-
-
-SHAPES: dict[str, ModelShape] = {
-    # Odd widths (intermediate 88, vocab 1000) so no implementation gets only powers of two.
-    "tiny": ModelShape(64, 4, 2, 16, 88, 1000, num_experts=4, moe_intermediate_size=24, kv_lora_rank=32,
-                       qk_rope_head_dim=8),
-    # benchmarks/peers/compare_cpu.sh's models, with a Llama-2 vocabulary.
-    "llama-10m": ModelShape(256, 8, 4, 32, 1024, 32000),
-    "llama-100m": ModelShape(768, 12, 4, 64, 2560, 32000),
-    "qwen2.5-0.5b": ModelShape(896, 14, 2, 64, 4864, 151936),
-}
-
-
-@dataclass(frozen=True)
-class CaseConfig:
-    shape: ModelShape
-    num_tokens: int  # tokens of the step (sampling: rows; attention decode: sequences)
-    dtype: torch.dtype
-    device: torch.device
-    context_len: int = 64  # tokens already cached per sequence in the attention cases
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class OpInputs:
-    args: tuple[Any, ...]
-    label: str  # the shape, for tables
-
-
-def _call(fn: Any, args: tuple[Any, ...]) -> Any:
-    return fn(*args)
-
-
-def _unprepared(fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return args
-
-
-@dataclass(frozen=True)
-class OpCase:
-    build: Callable[[CaseConfig, str], OpInputs]
-    variants: tuple[str, ...] = ("",)
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    why_dtypes: str = ""  # why `dtypes` is narrower than every dtype
-    exact: bool = False  # outputs must equal torch_ref's bit for bit (copies, selections)
-    prepare: Callable[[Any, tuple[Any, ...]], tuple[Any, ...]] = _unprepared
-    run: Callable[[Any, tuple[Any, ...]], Any] = _call
-
-
-@dataclass
-class _Inputs:
-    """Seeded random tensors built on the CPU, then moved to the case's device and dtype."""
-
-    config: CaseConfig
-    generator: torch.Generator = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.generator = torch.Generator().manual_seed(self.config.seed)
-
-    def randn(self, *shape: int, scale: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
-        values = torch.randn(shape, generator=self.generator) * scale
-        return values.to(self.config.device, dtype or self.config.dtype)
-
-    def randperm(self, n: int) -> torch.Tensor:
-        return torch.randperm(n, generator=self.generator).to(self.config.device)
-
-
 def _rms_norm(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, t, h = _Inputs(config), config.num_tokens, config.shape.hidden_size
+    inputs, t, h = CaseInputs(config), config.num_tokens, config.shape.hidden_size
     return OpInputs((inputs.randn(t, h), inputs.randn(h), 1e-6), f"[{t}, {h}]")
 
 
 def _fused_add_rms_norm(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, t, h = _Inputs(config), config.num_tokens, config.shape.hidden_size
+    inputs, t, h = CaseInputs(config), config.num_tokens, config.shape.hidden_size
     return OpInputs((inputs.randn(t, h), inputs.randn(t, h), inputs.randn(h), 1e-6), f"[{t}, {h}]")
 
 
 def _silu_and_mul(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, t, i = _Inputs(config), config.num_tokens, config.shape.intermediate_size
+    inputs, t, i = CaseInputs(config), config.num_tokens, config.shape.intermediate_size
     return OpInputs((inputs.randn(t, 2 * i),), f"[{t}, {2 * i}]")
 
 
 def _rotary_embedding(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
     rotary_dim = shape.head_dim // 2 if variant.endswith("partial") else shape.head_dim  # the rest passes
     angles = torch.rand(t, 1, rotary_dim // 2, generator=inputs.generator) * 6
     cos, sin = (table.to(config.device, config.dtype) for table in (angles.cos(), angles.sin()))
@@ -155,7 +77,7 @@ def _linear_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _linear(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, t = _Inputs(config), config.num_tokens
+    inputs, t = CaseInputs(config), config.num_tokens
     d_in, d_out, bias = _linear_dims(config.shape, variant)
     args = (inputs.randn(t, d_in), inputs.randn(d_out, d_in, scale=d_in**-0.5), inputs.randn(d_out) if bias else None)
     return OpInputs(args, f"[{t}, {d_in}] x [{d_out}, {d_in}]" + (" + bias" if bias else ""))
@@ -163,7 +85,7 @@ def _linear(config: CaseConfig, variant: str) -> OpInputs:
 
 def _fp8_linear(config: CaseConfig, variant: str) -> OpInputs:
     """The gate_up projection's weight quantized to FP8 in one format; "static" uses a per-tensor input_scale."""
-    inputs, t = _Inputs(config), config.num_tokens
+    inputs, t = CaseInputs(config), config.num_tokens
     d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
     block = {"block128": (128, 128), "block32": (32, 32), "block32-ue8m0": (32, 32)}.get(variant)
     ue8m0 = variant.endswith("ue8m0")
@@ -178,7 +100,7 @@ def _fp8_linear(config: CaseConfig, variant: str) -> OpInputs:
 
 def _int4_linear(config: CaseConfig, variant: str) -> OpInputs:
     """The gate_up projection's weight as int4 (round-to-nearest; groups of 32 or one per row), W4A16 or W4A8."""
-    inputs, t = _Inputs(config), config.num_tokens
+    inputs, t = CaseInputs(config), config.num_tokens
     d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
     group = d_in if variant.endswith("per-channel") else 32
     q, scales, zeros = quantize_rtn(inputs.randn(d_out, d_in, scale=d_in**-0.5, dtype=torch.float32), group,
@@ -195,7 +117,7 @@ def _int4_linear_prepared(kernel: Any, args: tuple[Any, ...]) -> tuple[Any, ...]
     return (x, *kernel.prepare(q, scales, zeros, spec.group_size, x.dtype), spec, bias)
 def _fp4_linear(config: CaseConfig, variant: str) -> OpInputs:
     """The gate_up projection's weight in NVFP4 (weight only, or W4A4 with a static input scale) or MXFP4."""
-    inputs, t = _Inputs(config), config.num_tokens
+    inputs, t = CaseInputs(config), config.num_tokens
     d_in, d_out, _ = _linear_dims(config.shape, "gate_up")
     w = inputs.randn(d_out, d_in, scale=d_in**-0.5, dtype=torch.float32)
     x = inputs.randn(t, d_in)
@@ -212,7 +134,7 @@ def _fp4_linear(config: CaseConfig, variant: str) -> OpInputs:
 
 
 def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
     num_blocks = -(-t // shape.block_size) + 1
     cache = inputs.randn(2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
     slots = inputs.randperm(num_blocks * shape.block_size)[:t]
@@ -222,7 +144,7 @@ def _kv_cache_store(config: CaseConfig, variant: str) -> OpInputs:
 
 def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
     """Tokens routed as a renormalised softmax top-k router routes them (distinct experts per token)."""
-    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
+    inputs, shape, t, k = CaseInputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
     e, h, i = shape.num_experts, shape.hidden_size, shape.moe_intermediate_size
     top_logits, topk_ids = inputs.randn(t, e, dtype=torch.float32).topk(k, dim=-1)
     topk_weights = top_logits.softmax(dim=-1).to(config.dtype)
@@ -234,7 +156,7 @@ def _fused_moe(config: CaseConfig, variant: str) -> OpInputs:
 def _expert_all_to_all(config: CaseConfig, variant: str) -> OpInputs:
     """Pairs routed to random slots of one rank; the stand-in expert scales each row by its weight and adds its
     slot, so a row combined into the wrong token or with the wrong slot shows."""
-    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
+    inputs, shape, t, k = CaseInputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
     slots = torch.randint(0, shape.num_experts, (t, k), generator=inputs.generator).to(config.device)
     args = (inputs.randn(t, shape.hidden_size), inputs.randn(t, k), slots, shape.num_experts)
     return OpInputs(args, f"[{t}, {shape.hidden_size}] top-{k} over {shape.num_experts} slots, one rank")
@@ -273,7 +195,7 @@ def _expert_scales(weights: torch.Tensor, variant: str, device: torch.device) ->
 
 def _quantized_fused_moe(config: CaseConfig, variant: str) -> OpInputs:
     """fused_moe's routing with every expert's weights in one quantized format (inter rounded up to FP4 blocks)."""
-    inputs, shape, t, k = _Inputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
+    inputs, shape, t, k = CaseInputs(config), config.shape, config.num_tokens, config.shape.experts_per_token
     e, h, i = shape.num_experts, shape.hidden_size, -(-shape.moe_intermediate_size // 32) * 32
     top_logits, topk_ids = inputs.randn(t, e, dtype=torch.float32).topk(k, dim=-1)
     topk_weights = top_logits.softmax(dim=-1).to(config.dtype)
@@ -295,7 +217,7 @@ _FILTER_ROWS = {
 def _top_k_top_p_filter(config: CaseConfig, variant: str) -> OpInputs:
     """Logits of N(0, 6^2) put a 0.9 nucleus on ~10 (V=32000) to ~25 (V=151936) tokens, as a trained model's
     next-token distribution does; "flat" (N(0, 2^2)) on thousands, past torch_topk's candidates."""
-    inputs, rows, vocab_size = _Inputs(config), config.num_tokens, config.shape.vocab_size
+    inputs, rows, vocab_size = CaseInputs(config), config.num_tokens, config.shape.vocab_size
     logits = inputs.randn(rows, vocab_size, scale=2.0 if variant.endswith("flat") else 6.0, dtype=torch.float32)
     params = [_FILTER_ROWS[variant][row % len(_FILTER_ROWS[variant])] for row in range(rows)]
     top_k = [min(k, vocab_size) if k > 0 else vocab_size for k, _ in params]
@@ -309,7 +231,7 @@ def _top_k_top_p_filter(config: CaseConfig, variant: str) -> OpInputs:
 def _apply_token_bitmask(config: CaseConfig, variant: str) -> OpInputs:
     """A grammar's mask: "random" words (every bit pattern, sign bit included) or "sparse" (a JSON value's
     few allowed tokens); row 0 is all ones, what an unconstrained row of a mixed batch gets."""
-    inputs, rows, vocab_size = _Inputs(config), config.num_tokens, config.shape.vocab_size
+    inputs, rows, vocab_size = CaseInputs(config), config.num_tokens, config.shape.vocab_size
     words = (vocab_size + 31) // 32
     generator = inputs.generator
     if variant == "random":
@@ -327,7 +249,7 @@ def _apply_token_bitmask(config: CaseConfig, variant: str) -> OpInputs:
 _EXTEND_TOKENS = 8
 
 
-def _paged_layout(inputs: _Inputs, variant: str) -> tuple[StepLayout, int]:
+def _paged_layout(inputs: CaseInputs, variant: str) -> tuple[StepLayout, int]:
     """A decode batch (one new token per sequence, each after context_len minus a few cached tokens), an
     extend batch (as decode, `_EXTEND_TOKENS` new tokens per sequence: a speculative verification step or a
     draft model's catch-up) or a prefill batch (a chunk after context_len cached tokens, plus a fresh prompt),
@@ -352,7 +274,7 @@ def _layout_label(layout: StepLayout) -> str:
 
 
 def _attention(config: CaseConfig, variant: str) -> OpInputs:
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
     layout, num_blocks = _paged_layout(inputs, variant)
     # Random history everywhere, also in slots past each sequence's length, which a backend must not read.
     cache = inputs.randn(2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
@@ -369,7 +291,7 @@ def _attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
 
 def _mla_attention(config: CaseConfig, variant: str) -> OpInputs:
     """The attention batches over a latent cache; nope and value heads are head_dim wide."""
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
     layout, num_blocks = _paged_layout(inputs, variant)
     dims = MLADims(shape.kv_lora_rank, shape.head_dim, shape.qk_rope_head_dim, shape.head_dim)
     cache = inputs.randn(num_blocks, shape.block_size, dims.latent_dim)
@@ -394,7 +316,7 @@ def _dsv4_pool(kv: torch.Tensor, gate: torch.Tensor, valid: torch.Tensor, start:
 def _dsv4_attention(config: CaseConfig, variant: str) -> OpInputs:
     """The attention batches through a CSA layer (compressor at head_dim, indexer at head_dim / 2, rate 4, top-3,
     window 8): the step pools every window its tokens close and attends over window + selected entries."""
-    inputs, shape, t = _Inputs(config), config.shape, config.num_tokens
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
     layout, num_blocks = _paged_layout(inputs, variant)
     spec = DeepseekV4Spec(config.dtype, shape.head_dim, (shape.head_dim, shape.head_dim // 2), rate=4, overlap=True)
     cache = inputs.randn(num_blocks, shape.block_size, spec.elements_per_token)
@@ -434,4 +356,5 @@ OP_CASES: dict[str, OpCase] = {
     "attention": OpCase(_attention, variants=("decode", "extend", "prefill"), run=_attention_step),
     "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
     "dsv4_attention": OpCase(_dsv4_attention, variants=("decode", "prefill"), run=_dsv4_attention_step),
+    **STATE_OP_CASES,
 }

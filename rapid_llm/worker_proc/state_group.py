@@ -19,8 +19,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rapid_llm.layers.state_layer import KeptStates, StateLayer, StateMetadata
+from rapid_llm.layers.state_layer import StateLayer
 from rapid_llm.ops.attention.backend import AttentionMetadata
+from rapid_llm.ops.state_metadata import KeptStates, StateMetadata, kept_states
 from rapid_llm.utils.host_staging import to_device
 
 
@@ -74,19 +75,7 @@ class StateGroup:
                     raise ValueError(f"slot {slots[seq]}: a state snapshot after token {position} is outside the "
                                      f"chunk's tokens [{starts[seq]}, {starts[seq] + query_lens[seq]})")
                 kept.append((seq, offset, self._snapshot_rows([snapshot])[0]))
-        if not kept:
-            return None
-        first_token = np.cumsum(query_lens) - query_lens
-        seqs, offsets, targets = (np.array(column) for column in zip(*kept))
-        tokens = first_token[seqs] + offsets
-        # A token's index among the sequences that have one at its offset (what a token loop's `rows` holds).
-        indices = np.array([int((query_lens[:seq] > offset).sum()) for seq, offset in zip(seqs, offsets)])
-        by_offset = {int(offset): (indices[offsets == offset], targets[offsets == offset])
-                     for offset in np.unique(offsets)}
-        staged = to_device([torch.from_numpy(array) for array in
-                            (tokens, targets, *(part for pair in by_offset.values() for part in pair))], self.device)
-        return KeptStates(staged[0], staged[1], {offset: (staged[2 + 2 * i], staged[3 + 2 * i])
-                                                 for i, offset in enumerate(by_offset)})
+        return kept_states(query_lens.tolist(), kept, self.device)
 
     def restore(self, slots: Sequence[int], num_accepted: torch.Tensor) -> None:
         """After a verification: each slot takes the state kept after its last token and `num_accepted` drafts."""

@@ -11,7 +11,8 @@ import torch
 
 from rapid_llm import ops
 from rapid_llm.config.dtypes import dtype_from_name
-from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig
+from rapid_llm.ops.op_case_inputs import SHAPES, CaseConfig
+from rapid_llm.ops.op_cases import OP_CASES
 from rapid_llm.ops.registry import REGISTRY, NoImplementationError
 
 REFERENCE = ops.catalog.REFERENCE

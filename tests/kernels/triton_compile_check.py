@@ -16,8 +16,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from rapid_llm.ops.triton import (activation, attention_decode, attention_prefill, fused_moe, kv_cache, mla_attention,
-                                   norm, quant_activation, quant_gemm, rotary)
+from rapid_llm.ops.triton import (activation, attention_decode, attention_prefill, causal_conv, fused_moe, gated_delta,
+                                   kv_cache, mla_attention, norm, quant_activation, quant_gemm, rotary, ssd)
 
 SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
 # Arguments the launch sees 16-divisible at model shapes, which Triton's specialisation marks: whether a GEMM's
@@ -92,6 +92,24 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
                       {"MODE": mode, "UE8M0": True, "HAS_BOUND": True, "BLOCK": 1024}, quantizer, {"num_warps": 4}))
     cases.append(("quant activation nvfp4", quant_activation._nvfp4_kernel, "bf16", {"BLOCK": 1024, "GROUP": 16},
                   quantizer, {"num_warps": 4}))
+    # State ops at Qwen3-Next widths: the conv of bf16 inputs into a float32 state (decode and prefill tiles, as the
+    # wrapper picks them), and the gated delta rule's [128, 8] state slice; Mamba2's scan at Nemotron-H's (bf16 inputs,
+    # an [8, 128] slice of the float32 state, float32 A and output).
+    state_ops = {"state_ptr": "*fp32", **{name: "*i64" for name in ("slots_ptr", "query_start_ptr", "kept_starts_ptr",
+                                                                   "kept_tokens_ptr", "kept_targets_ptr")}}
+    no_kept = {"kept_starts_ptr": None, "kept_tokens_ptr": None, "kept_targets_ptr": None}
+    for block_t, block_c, kept in ((4, 256, False), (32, 64, True)):
+        constexprs = {"KERNEL": 4, "BLOCK_T": block_t, "BLOCK_C": block_c, "BLOCK_H": 4, "HAS_BIAS": kept,
+                      "HAS_KEPT": kept, **({} if kept else {"bias_ptr": None, **no_kept})}
+        cases.append((f"causal_conv block_t={block_t}", causal_conv._causal_conv_kernel, "bf16", constexprs, state_ops,
+                      {"num_warps": 4 if block_t == 4 else 8}))
+    for kept in (False, True):
+        kept_rows = {"HAS_KEPT": kept, **({} if kept else {"kept_starts_ptr": None, "kept_targets_ptr": None})}
+        cases.append((f"gated_delta_rule kept={kept}", gated_delta._gated_delta_kernel, "fp32",
+                      {"GROUP": 2, "BLOCK_K": 128, "BLOCK_V": 8, **kept_rows}, state_ops, {"num_warps": 1}))
+        cases.append((f"ssd_scan kept={kept}", ssd._ssd_kernel, "bf16",
+                      {"GROUP": 16, "BLOCK_P": 8, "BLOCK_N": 128, **kept_rows},
+                      {**state_ops, "A_ptr": "*fp32", "out_ptr": "*fp32"}, {"num_warps": 1}))
     return cases
 
 

@@ -25,7 +25,8 @@ from transformers import PretrainedConfig
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.linear import ColumnParallelLinear, RowParallelLinear
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
-from rapid_llm.layers.state_layer import StateLayer, StateMetadata, token_offsets
+from rapid_llm.layers.state_layer import StateLayer
+from rapid_llm.ops.state_metadata import StateMetadata, token_offsets
 from rapid_llm.models.llama import LlamaForCausalLM
 from rapid_llm.ops.attention.kv_cache_spec import StateSpec
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.short_conv import ShortConv
-from rapid_llm.layers.state_layer import STATE_GROUP, StateMetadata
+from rapid_llm.layers.state_layer import STATE_GROUP
+from rapid_llm.ops.state_metadata import StateMetadata
 from rapid_llm.ops.attention.backend import StepLayout, build_common_metadata
 
 CHANNELS, KERNEL = 8, 4

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from rapid_llm.ops.moe import expert_loop
-from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig
+from rapid_llm.ops.op_case_inputs import SHAPES, CaseConfig
+from rapid_llm.ops.op_cases import OP_CASES
 from rapid_llm.ops.quant_moe import ExpertScales, quantized_fused_moe
 from rapid_llm.quantization.fp4_math import mxfp4_dequantize, nvfp4_dequantize
 from rapid_llm.quantization.fp8_math import dequantize_weight, fake_quantize_activation

@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from rapid_llm.config import ModelConfig
 from rapid_llm.ops.attention.kv_quant import NVFP4_KV_DTYPE, dequantize_kv_nvfp4, quantize_kv_nvfp4
 from rapid_llm.ops.attention.torch_ref import TORCH_REF_BACKEND
-from rapid_llm.ops.op_cases import SHAPES, CaseConfig, _attention
+from rapid_llm.ops.op_case_inputs import SHAPES, CaseConfig
+from rapid_llm.ops.op_cases import _attention
 from rapid_llm.utils.demo_checkpoint import DEMO_ROOT
 from tests.e2e.server import ServerProcess
 from tests.models.test_fp8_kv_cache import HELD_OUT, NEW_TOKENS, _compare, _runner, demo_agreement

@@ -20,7 +20,8 @@ from rapid_llm.ops.linear_kernel import LinearKernel
 from rapid_llm.ops.cpu_half import CPU_FP32_LINEAR, MIN_FP32_ROWS, cpu_lacks_half_kernels
 from rapid_llm.ops.norm import rms_norm as reference_rms_norm
 from rapid_llm.ops.conditions import library_available
-from rapid_llm.ops.op_cases import OP_CASES, SHAPES, CaseConfig
+from rapid_llm.ops.op_case_inputs import SHAPES, CaseConfig
+from rapid_llm.ops.op_cases import OP_CASES
 from rapid_llm.ops.registry import OP_BACKEND_ENV, REGISTRY, NoImplementationError, OpRegistry, parse_op_backends
 from rapid_llm.server_args import ServerArgs
 from rapid_llm.utils.lazy_import import import_target
@@ -305,7 +306,7 @@ def test_triton_is_the_default_on_cuda() -> None:
     # In a child: selecting imports the kernel modules, and this process must not import triton before
     # tests/kernels/conftest.py chooses its interpreter mode.
     ops_with_triton = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store",
-                       "attention", "fused_moe"]
+                       "attention", "fused_moe", "causal_conv", "gated_delta_rule", "ssd_scan"]
     code = ("import json; from rapid_llm.ops.registry import REGISTRY; import rapid_llm.ops; "
             f"print(json.dumps([REGISTRY.select(op, 'cuda', 'bfloat16').backend for op in {ops_with_triton!r}]))")
     chosen = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
