@@ -7,8 +7,9 @@ redundant experts (EPLBConfig). `--data-parallel-size D` runs D such replicas (e
 and its N ranks) behind one frontend that routes requests by `--load-balance-method`;
 `--nnodes/--node-rank/--dist-init-addr` spread one replica's ranks over hosts. Which architectures shard is
 decided here, in the launcher and without torch, so a layout that cannot run fails before any child starts
-with a message naming the flag: the dense Llama family, the MoE models (Mixtral, Qwen2/3-MoE) and
-DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized linears do not. See docs/parallelism.md.
+with a message naming the flag: the dense Llama family, LFM2, NemotronH (Mamba2 heads and groups), the MoE
+models (Mixtral, Qwen2/3-MoE) and DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized linears do not.
+See docs/parallelism.md.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ if TYPE_CHECKING:
 FLAG = "--tensor-parallel-size"
 EP_FLAG = "--enable-expert-parallel"
 MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                               "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+                               "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
+                               "Qwen3_5MoeForCausalLM"})
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens", "cache_aware")
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                           "Qwen3ForCausalLM", "Lfm2ForCausalLM"}) | MOE_ARCHITECTURES
+                                           "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
+                                           "Qwen3_5ForCausalLM"}
+                                          ) | MOE_ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,9 @@ class ParallelConfig:
         if kv_heads % tp and tp % kv_heads:
             raise ValueError(f"{FLAG} {tp} must divide the model's {kv_heads} key/value heads, or be a multiple "
                              "of them (each KV head is then replicated on several ranks)")
-        for name in ("intermediate_size", "shared_expert_intermediate_size"):
+        # Mamba2 (NemotronH) splits its heads and the B/C groups they share (n_groups divides the heads); Gated
+        # DeltaNet (Qwen3-Next, Qwen3.5) its key heads and their value heads.
+        for name in ("intermediate_size", "shared_expert_intermediate_size", "n_groups", "linear_num_key_heads"):
             width = getattr(config, name, None) or 0
             if width % tp:
                 raise ValueError(f"{FLAG} {tp} must divide the model's {name} {width}")

@@ -26,6 +26,11 @@ _REFUSED: dict[str, str] = {
         "two-level candidate top-k (candidate_source_layer_id, candidate_topk_blocks, candidate_block_size), "
         "engram hash-embedding layers (engram_layer_ids, engram_*), a router temperature (gate_temp) and a vision "
         "tower; rapid_llm implements none of these (DeepseekV4ForCausalLM checkpoints are served)"),
+    **{f"Qwen3_5{moe}ForConditionalGeneration": (
+        f"Qwen3.5's vision-language checkpoint layout (Qwen3_5{moe}ForConditionalGeneration: the text model's config "
+        "nested under text_config, its weights under model.language_model, a vision tower) is not read; rapid_llm "
+        f"serves the text model, Qwen3_5{moe}ForCausalLM (config model_type qwen3_5{'_moe' if moe else ''}_text, "
+        "weights under model.)") for moe in ("", "Moe")},
 }
 
 
@@ -37,11 +42,14 @@ _MODELS: Registry[type[torch.nn.Module]] = Registry("architecture", {
     "LlamaForCausalLM": "rapid_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "rapid_llm.models.mistral:MistralForCausalLM",
     "MixtralForCausalLM": "rapid_llm.models.mixtral:MixtralForCausalLM",
+    "NemotronHForCausalLM": "rapid_llm.models.nemotron_h:NemotronHForCausalLM",
     "Qwen2ForCausalLM": "rapid_llm.models.qwen2:Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM": "rapid_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "rapid_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "rapid_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
     "Qwen3NextForCausalLM": "rapid_llm.models.qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM": "rapid_llm.models.qwen3_5:Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM": "rapid_llm.models.qwen3_5:Qwen3_5MoeForCausalLM",
 }, refused=_REFUSED)
 
 

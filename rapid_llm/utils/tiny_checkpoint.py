@@ -25,7 +25,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
                            "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM",
                            "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM",
-                           "Qwen3NextForCausalLM")
+                           "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                           "NemotronHForCausalLM")
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START_TOKEN, IM_END_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -60,6 +61,9 @@ _CONFIG_CLASSES: dict[str, type[transformers.PretrainedConfig]] = {
     "DeepseekV4ForCausalLM": transformers.DeepseekV4Config,
     "Lfm2ForCausalLM": transformers.Lfm2Config,
     "Qwen3NextForCausalLM": transformers.Qwen3NextConfig,
+    "Qwen3_5ForCausalLM": transformers.Qwen3_5TextConfig,
+    "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig,
+    "NemotronHForCausalLM": transformers.NemotronHConfig,
 }
 
 # Qwen3's head_dim differs from hidden_size / num_attention_heads (64 / 4 = 16) so that code which
@@ -105,6 +109,22 @@ _QWEN3_NEXT_DEFAULTS: dict[str, object] = {
     "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "mlp_only_layers": [2],
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 }
+# NemotronH: one mixer per layer ("M*-M-": Mamba2, attention, relu^2 MLP, Mamba2, MLP); 8 Mamba heads of 16 in
+# 2 groups (4 heads per group's B and C), a conv bias, a chunk of 8 so prompts span several chunks, and an
+# attention head_dim of 32 (not hidden / heads).
+_NEMOTRON_H_DEFAULTS: dict[str, object] = {
+    "layers_block_type": ["linear_attention", "full_attention", "mlp", "linear_attention", "mlp"],
+    "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+    "conv_kernel": 4, "chunk_size": 8, "use_conv_bias": True,
+}
+# Qwen3.5: Qwen3-Next's layer mix and Gated DeltaNet widths with a dense MLP; its MoE variant has no dense layers.
+_QWEN3_5_DEFAULTS: dict[str, object] = {
+    key: value for key, value in _QWEN3_NEXT_DEFAULTS.items()
+    if key not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                   "mlp_only_layers")}
+_QWEN3_5_MOE_DEFAULTS: dict[str, object] = {
+    **_QWEN3_5_DEFAULTS, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64}
 _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "Qwen3ForCausalLM": {"head_dim": 32},
     "Qwen3MoeForCausalLM": {"head_dim": 32, "norm_topk_prob": True, **_QWEN_MOE},
@@ -115,6 +135,9 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
     "DeepseekV4ForCausalLM": _DSV4_DEFAULTS,
     "Lfm2ForCausalLM": _LFM2_DEFAULTS,
     "Qwen3NextForCausalLM": _QWEN3_NEXT_DEFAULTS,
+    "Qwen3_5ForCausalLM": _QWEN3_5_DEFAULTS,
+    "Qwen3_5MoeForCausalLM": _QWEN3_5_MOE_DEFAULTS,
+    "NemotronHForCausalLM": _NEMOTRON_H_DEFAULTS,
 }
 
 _CORPUS = r'''
@@ -326,6 +349,11 @@ def _perturb_defaults(model: torch.nn.Module, std: float) -> None:
             param.normal_(mean=0.0, std=std)
     if type(model).__name__.startswith("DeepseekV4"):
         _perturb_deepseek_v4(model, std)
+    if type(model).__name__.startswith("NemotronH"):
+        # Mamba2's skip weight D and its gated norm (a "...RMSNormGated") start at one.
+        for name, param in model.named_parameters():
+            if name.endswith(("mixer.D", "mixer.norm.weight")):
+                param.normal_(mean=1.0, std=0.2)
 
 
 @torch.no_grad()

@@ -53,14 +53,14 @@ def logprob_error(prompts: list[list[int]], hf: transformers.PreTrainedModel, re
 
 
 def assert_matches_transformers(checkpoint, tensor_parallel_size: int, label: str,
-                                **engine_args) -> list[RequestOutput]:
+                                tolerance: float = LOGPROB_TOLERANCE, **engine_args) -> list[RequestOutput]:
     """Two prompts through `tensor_parallel_size` ranks: greedy tokens are transformers', logprobs within
-    LOGPROB_TOLERANCE of its log_softmax (the difference is printed under `label`). Returns the outputs."""
+    `tolerance` of its log_softmax (the difference is printed under `label`). Returns the outputs."""
     prompts = random_prompts((6, 21), seed=9)
     hf = hf_model(checkpoint)
     outputs = generate(checkpoint, prompts, tensor_parallel_size, **engine_args)
     assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
     error = logprob_error(prompts, hf, outputs)
     print(f"{label}: max logprob difference {error:.2e}")
-    assert error <= LOGPROB_TOLERANCE
+    assert error <= tolerance
     return outputs

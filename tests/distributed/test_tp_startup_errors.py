@@ -21,6 +21,7 @@ FLAG = "--tensor-parallel-size"
     ("LlamaForCausalLM", {"intermediate_size": 130, "num_attention_heads": 4}, {"tensor_parallel_size": 4},
      f"{FLAG} 4 must divide the model's intermediate_size 130"),
     ("DeepseekV4ForCausalLM", {}, {}, f"{FLAG} 2: DeepseekV4ForCausalLM is not tensor-parallel yet"),
+    ("NemotronHForCausalLM", {}, {"tensor_parallel_size": 4}, f"{FLAG} 4 must divide the model's n_groups 2"),
     ("LlamaForCausalLM", {}, {"quantization": "fp8"}, f"{FLAG} 2: quantized linear layers (fp8"),
     ("LlamaForCausalLM", {}, {"tensor_parallel_size": 0}, f"{FLAG} must be at least 1, got 0"),
 ])

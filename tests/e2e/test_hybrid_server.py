@@ -1,4 +1,5 @@
-"""Models with state layers served by the real server: LFM2 (short conv) and Qwen3-Next (Gated DeltaNet, MoE).
+"""Models with state layers served by the real server: LFM2 (short conv), Qwen3-Next (Gated DeltaNet, MoE),
+Qwen3.5 (Gated DeltaNet, dense) and NemotronH (Mamba2).
 
 A batch of prompts with chunked prefill (an 8-token budget), async scheduling and preemption (16 blocks of 4
 tokens hold two or three of the requests at once) must give transformers' greedy tokens, and a repeated prompt
@@ -21,7 +22,8 @@ from tests.hf_reference import hf_greedy, hf_model
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("architecture", ["Lfm2ForCausalLM", "Qwen3NextForCausalLM"])
+@pytest.mark.parametrize("architecture", ["Lfm2ForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+                                          "NemotronHForCausalLM"])
 def test_a_hybrid_model_is_served_with_chunking_preemption_and_prefix_hits(tmp_path: Path, architecture: str) -> None:
     checkpoint = build_tiny_checkpoint(tmp_path / "model", architecture)
     generator = torch.Generator().manual_seed(4)
@@ -38,3 +40,21 @@ def test_a_hybrid_model_is_served_with_chunking_preemption_and_prefix_hits(tmp_p
         check_served_state_model(server, str(checkpoint), prompts, expected, NEW_TOKENS)
     finally:
         server.stop()
+
+
+def test_a_repeated_1000_token_prompt_is_served_from_a_snapshot(tmp_path: Path) -> None:
+    """The prompt prefills in one chunk through the chunked delta rule, keeping the state at every 16th block and
+    at its last block boundary; the repeat reports those 992 tokens cached and gives transformers' greedy tokens."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "model", "Qwen3_5ForCausalLM", max_position_embeddings=1024)
+    prompt = torch.randint(10, 500, (1000,), generator=torch.Generator().manual_seed(6)).tolist()
+    expected = hf_greedy(hf_model(checkpoint, torch.float32), [prompt], NEW_TOKENS)[0]
+    server = ServerProcess("--model", str(checkpoint), "--dtype", "float32")
+    body = {"model": str(checkpoint), "prompt": prompt, "max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS,
+            "temperature": 0.0, "return_token_ids": True}
+    try:
+        answers = [httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120).raise_for_status().json()
+                   for _ in range(2)]
+    finally:
+        server.stop()
+    assert [answer["choices"][0]["token_ids"] for answer in answers] == [expected, expected]
+    assert [answer["usage"]["prompt_tokens_details"]["cached_tokens"] for answer in answers] == [0, 992]

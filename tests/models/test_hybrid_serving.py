@@ -1,10 +1,12 @@
 """Models with state layers served by the scheduler and the worker in one process, against transformers.
 
-LFM2 (short conv + attention) and Qwen3-Next (Gated DeltaNet + gated attention + MoE): greedy tokens equal
+LFM2 (short conv + attention), Qwen3-Next (Gated DeltaNet + gated attention + MoE) and Qwen3.5 (the same with flat
+projections and a dense MLP): greedy tokens equal
 transformers' with chunked prefill (an 8-token budget), lock-step and async scheduling, preemption under a small KV
 budget (a preempted request restarts its state at token 0) and prefix caching on: with state snapshots a hit starts
 from the state saved at its last block, without them there are no hits. Speculative decoding gives the tokens of
-decoding without it (on/off golden; drafts partly rejected, the state after the accepted ones restored).
+decoding without it (on/off golden; drafts partly rejected, the state after the accepted ones restored). Prompts
+longer than a 64-token chunk prefill through the chunked delta rule or SSD scan, snapshots kept inside the chunks.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.ipc.messages import GenerateRequest
+from rapid_llm.ops import gated_delta, ssd
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.hf_reference import hf_greedy, hf_model
 from tests.models.oracle_proposer import register_oracle
 from tests.unit.worker_engine import Engine
 
-STATE_LAYERS = {"Lfm2ForCausalLM": 3, "Qwen3NextForCausalLM": 3}
+STATE_LAYERS = {"Lfm2ForCausalLM": 3, "Qwen3NextForCausalLM": 3, "Qwen3_5ForCausalLM": 3, "NemotronHForCausalLM": 2}
 
 
 @pytest.mark.parametrize("architecture", sorted(STATE_LAYERS))
@@ -70,3 +73,29 @@ def test_speculative_decoding_keeps_the_tokens_of_plain_decoding(monkeypatch, ti
 
     plain = serve()
     assert serve(register_oracle(monkeypatch, prompts, plain)) == plain
+
+
+@pytest.mark.parametrize(("architecture", "op_module"), [("Qwen3_5ForCausalLM", gated_delta),
+                                                        ("NemotronHForCausalLM", ssd)])
+def test_long_prompts_prefill_through_the_chunked_form(monkeypatch, tiny_checkpoint, architecture: str,
+                                                       op_module) -> None:
+    """Chunks of up to 128 tokens take the chunked form (ops/gated_delta.py, ops/ssd.py), which keeps the state
+    snapshots at block boundaries inside its chunks; tokens equal transformers', and a repeated prompt hits one."""
+    checkpoint = tiny_checkpoint(architecture)
+    model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=256)
+    runner = ModelRunner(model, CacheConfig(block_size=16, num_blocks=64, state_snapshots=8), DeviceConfig("cpu"),
+                         max_num_seqs=4)
+    chunked_calls = []
+    chunked = op_module._chunked
+    monkeypatch.setattr(op_module, "_chunked", lambda *args: chunked_calls.append(1) or chunked(*args))
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(10, model.vocab_size, (n,), generator=generator).tolist() for n in (150, 97, 20)]
+    expected = hf_greedy(hf_model(checkpoint, torch.float32), prompts, 8)
+    engine = Engine(runner, max_num_batched_tokens=128, num_kv_blocks=64)
+    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)
+    outcomes = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=2)
+    assert [outcomes[f"r{i}"]["token_ids"] for i in range(len(prompts))] == expected
+    assert chunked_calls, "no step took the chunked form"
+    again = engine.serve([GenerateRequest("again", prompts[0], params)], depth=2)
+    assert again["again"]["token_ids"] == expected[0]
+    assert engine.scheduler.stats().prefix_cache_hits > 0

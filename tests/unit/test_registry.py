@@ -26,8 +26,9 @@ def test_resolving_imports_the_model_on_demand() -> None:
     assert resolve_model_class("Qwen3ForCausalLM").__name__ == "Qwen3ForCausalLM"
     assert set(supported_architectures()) == {
         "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Lfm2ForCausalLM", "LlamaForCausalLM",
-        "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"}
+        "MistralForCausalLM", "MixtralForCausalLM", "NemotronHForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+        "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM"}
 
 
 def test_unknown_architecture_error_lists_supported_ones() -> None:
