@@ -71,6 +71,10 @@ class ServerArgs:
                                             "block boundaries so that models with state layers (short conv, "
                                             "recurrent) get prefix-cache hits (default: --max-num-seqs, 0 with "
                                             "prefix caching off; 0 turns their hits off)."})
+    state_snapshot_interval: int = field(default=16, metadata={"help": "Blocks between the recurrent-state "
+                                         "snapshots a prompt keeps (besides the one at its last block boundary): "
+                                         "smaller finds more shared prefixes of models with state layers, at "
+                                         "more snapshot rows per prompt."})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "Share of GPU memory for weights and "
                                           "KV cache.", "aliases": ("--mem-fraction-static",)})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "KV-cache dtype: auto (= model "
@@ -287,6 +291,7 @@ class ServerArgs:
             vocab_size=model.vocab_size,
             async_scheduling=not self.disable_async_scheduling,
             enable_prefix_caching=self.enable_prefix_caching,
+            state_snapshot_interval=self.state_snapshot_interval,
             max_waiting_requests=self.max_waiting_requests,
             watchdog_timeout=self.watchdog_timeout,
             speculative=speculative,

@@ -25,7 +25,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     a step is predicted, from measured step times, to take at most that long (scheduler_proc/step_cost.py).
     `recurrent_state` is filled in from the worker: some layers keep per-request state (a state cache group), so
     beam search is refused, and a prefix hit also needs a snapshot of the state at its end: `state_snapshots`
-    (from the worker) is how many it keeps (0: no hits; scheduler_proc/prefix_cache.py).
+    (from the worker) is how many it keeps (0: no hits; scheduler_proc/prefix_cache.py), taken every
+    `state_snapshot_interval` blocks of a prompt and at its last block boundary.
     """
 
     max_model_len: int
@@ -36,6 +37,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_windows: tuple[int | None, ...] = (None,)
     recurrent_state: bool = False
     state_snapshots: int = 0
+    state_snapshot_interval: int = 16
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True
@@ -49,6 +51,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.
         if self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.state_snapshot_interval < 1:
+            raise ValueError(f"--state-snapshot-interval must be at least 1 block, got {self.state_snapshot_interval}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:

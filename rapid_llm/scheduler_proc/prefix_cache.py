@@ -31,7 +31,7 @@ class PrefixCache:
         self._blocks = blocks
         self.enabled = config.enable_prefix_caching
         # A model with state layers hits only where a snapshot of its state at the hit's end is kept.
-        self.snapshots = (StateSnapshots(config.state_snapshots, config.block_size)
+        self.snapshots = (StateSnapshots(config.state_snapshots, config.block_size, config.state_snapshot_interval)
                           if config.recurrent_state and config.state_snapshots and self.enabled else None)
         self.hits_possible = not config.recurrent_state or self.snapshots is not None
         self.block_size = config.block_size

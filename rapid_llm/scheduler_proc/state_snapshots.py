@@ -3,7 +3,7 @@ conv, recurrent) start a request from a prefix-cache hit.
 
 Key design choice: a snapshot is the state after a full block, kept under that block's chained hash -- the same
 key as the KV -- in a `BlockManager` of its own (reference counts, LRU eviction, hash table). A chunk keeps the
-state at every SNAPSHOT_INTERVAL_BLOCKS-th block boundary of known tokens it passes, and at the last boundary
+state at every `interval_blocks`-th block boundary of known tokens it passes (--state-snapshot-interval), and at the last boundary
 before its request's last token (what a repeat of the prompt hits); the layers write those states during the
 forward, at any position inside the chunk, so no chunk is cut for them. A snapshot is registered only once the
 step's result arrives (a step loads before its forward, so a request planned into the same step must not see one
@@ -20,10 +20,6 @@ from rapid_llm.scheduler_proc.request_state import RequestState
 from rapid_llm.utils.block_hash import BlockHash
 
 
-# Snapshots are kept every this many blocks of a request's positions, and at its prompt's last block boundary.
-SNAPSHOT_INTERVAL_BLOCKS = 16
-
-
 class SnapshotSave(NamedTuple):
     snapshot: int
     block_hash: BlockHash
@@ -32,19 +28,20 @@ class SnapshotSave(NamedTuple):
 
 
 class StateSnapshots:
-    def __init__(self, num_snapshots: int, block_size: int) -> None:
+    def __init__(self, num_snapshots: int, block_size: int, interval_blocks: int) -> None:
         self._pool = BlockManager(num_snapshots, block_size)
         self._pending: set[BlockHash] = set()  # saved by steps in flight
         self.block_size = block_size
+        self.stride = interval_blocks * block_size
 
     def snapshot_of(self, block_hash: BlockHash) -> int | None:
         """The snapshot of the state after the block whose hash this is, if one is kept."""
         return self._pool.cached_block(block_hash)
 
     def saves_for(self, request: RequestState, start: int, end: int) -> list[SnapshotSave]:
-        """Snapshots for the states a chunk computing tokens [start, end) passes: every SNAPSHOT_INTERVAL_BLOCKS
-        blocks and at the last block boundary before the request's last token (what a repeat of it hits)."""
-        stride = SNAPSHOT_INTERVAL_BLOCKS * self.block_size
+        """Snapshots for the states a chunk computing tokens [start, end) passes: every `interval_blocks` blocks
+        and at the last block boundary before the request's last token (what a repeat of it hits)."""
+        stride = self.stride
         last = (request.num_tokens - 1) // self.block_size * self.block_size
         positions = set(range((start // stride + 1) * stride, end + 1, stride))
         if start < last <= end:

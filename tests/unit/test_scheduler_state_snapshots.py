@@ -5,8 +5,9 @@ usable only once its step's result is in, and without snapshots such a model nev
 
 from __future__ import annotations
 
+import pytest
+
 from rapid_llm.scheduler_proc.scheduler import Scheduler
-from rapid_llm.scheduler_proc.state_snapshots import SNAPSHOT_INTERVAL_BLOCKS
 from tests.unit.test_scheduler import FakeWorker, make_config, request
 from tests.unit.test_scheduler_prefix_cache import first_chunk, run_until_idle
 
@@ -28,17 +29,19 @@ def test_a_prompt_keeps_the_state_at_its_last_block_boundary_and_a_repeat_starts
     assert scheduler.stats().prefix_cache_hits == 8
 
 
-def test_a_long_prompt_keeps_states_every_interval_for_the_prefixes_it_shares() -> None:
-    config = make_config(recurrent_state=True, state_snapshots=8, max_model_len=256, block_size=4)
+@pytest.mark.parametrize("interval", [16, 5])
+def test_a_long_prompt_keeps_states_every_interval_for_the_prefixes_it_shares(interval: int) -> None:
+    config = make_config(recurrent_state=True, state_snapshots=64, max_model_len=256, block_size=4,
+                         state_snapshot_interval=interval)
     scheduler, worker = Scheduler(config), FakeWorker(config, lambda tokens: 5)
     shared = list(range(4, 4 + 150))
     scheduler.add_request(request("first", shared + [7, 8, 9], max_tokens=1))
     first = run_until_idle(scheduler, worker)[0].scheduled[0]
-    stride = SNAPSHOT_INTERVAL_BLOCKS * 4
-    assert [position for position, _ in first.state_saves] == [stride, 2 * stride, 152]
+    stride = interval * 4
+    assert [position for position, _ in first.state_saves] == [*range(stride, 153, stride), 152]
     scheduler.add_request(request("other", shared + [11, 12, 13, 14], max_tokens=1))
     hit = first_chunk(run_until_idle(scheduler, worker), "other")
-    assert hit.num_computed_tokens == 2 * stride  # the last kept state inside the shared prefix
+    assert hit.num_computed_tokens == 150 // stride * stride  # the last kept state inside the shared prefix
 
 
 def test_a_snapshot_is_used_only_once_the_step_that_saves_it_has_reported() -> None:
