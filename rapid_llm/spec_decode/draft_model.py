@@ -23,6 +23,7 @@ from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.sampler import log_exponential_noise, warp_logits
 from rapid_llm.layers.sampling_batch import to_int64
+from rapid_llm.layers.state_layer import StateLayer
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.spec_decode.model_proposer import Drafts, ModelProposer, ProposerStep, TargetContext
@@ -44,6 +45,12 @@ class DraftModelProposer(ModelProposer):
             raise ValueError(f"--speculative-config: the draft model {config.model!r} has {self.model_config.vocab_size} "
                              f"tokens, the target {target_config.vocab_size}: they must share the tokenizer")
         self.model = load_model(self.model_config, target.device)
+        if any(isinstance(module, StateLayer) for module in self.model.modules()):
+            raise ValueError(f"--speculative-config: the draft model {config.model!r} "
+                             f"({self.model_config.architecture}) keeps recurrent state (linear-attention, Mamba or "
+                             "convolution layers); a draft model must be attention-only, since its own drafts would "
+                             "need their state rolled back too. A hybrid target takes an attention-only draft, or "
+                             "ngram speculation")
         # The positions past a row's scheduler blocks it may write: the new token and k - 1 drafts.
         self.scratch_blocks_per_slot = -(-config.num_speculative_tokens // target.block_size)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -2,12 +2,13 @@
 
 Each feature has an "off" and an "on" setting (engine arguments of `LLM(...)`, and request fields
 where a feature is a request-level one) and, where the setting could silently not take effect, the
-evidence a run must show. A new feature adds one `Feature` here, and one `Unsupported` per combination
-the engine refuses; the harness, the CI subset and docs/compatibility.md pick it up from here (rerun
-`python -m tests.compat.matrix --write docs/compatibility.md`: tests/unit/test_docs_compatibility.py fails
-until the page lists the feature). Not here yet: CUDA graphs (CUDA only; the matrix runs on the CPU) and op
-backends (dtype's bf16 setting already pins ops for its reference, and the per-op goldens are tests/kernels'
-and the op numerics test's).
+evidence a run must show. A setting may also name the architecture of the tiny random checkpoint its cells
+run on, engine and reference alike (the hybrid model's). A new feature adds one `Feature` here, and one
+`Unsupported` per combination the engine refuses; the harness, the CI subset and docs/compatibility.md pick it
+up from here (rerun `python -m tests.compat.matrix --write docs/compatibility.md`:
+tests/unit/test_docs_compatibility.py fails until the page lists the feature). Not here yet: CUDA graphs (CUDA
+only; the matrix runs on the CPU) and op backends (dtype's bf16 setting already pins ops for its reference, and
+the per-op goldens are tests/kernels' and the op numerics test's).
 """
 
 from __future__ import annotations
@@ -46,12 +47,20 @@ class CellRun:
 Evidence = Callable[[CellRun, bool], "str | None"]
 
 
+# The architecture of the tiny random checkpoint a cell runs on where no setting names another.
+DEFAULT_ARCHITECTURE = "LlamaForCausalLM"
+HYBRID_ARCHITECTURE = "Qwen3_5ForCausalLM"
+
+
 @dataclass(frozen=True)
 class Setting:
     label: str
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     # SamplingParams fields over the harness's greedy ones, for request-level features.
     request: Mapping[str, Any] = field(default_factory=dict)
+    # The architecture of the tiny random float32 checkpoint a cell with this setting runs on, its engine and its
+    # reference alike (None: DEFAULT_ARCHITECTURE's).
+    architecture: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,17 @@ def _drafts_verified(method: str) -> Evidence:
     return evidence
 
 
+def _serves(architecture: str) -> Evidence:
+    def evidence(run: CellRun, on: bool) -> str | None:
+        served = run.summary.get("architecture")
+        if on and served != architecture:
+            return f"the {architecture} checkpoint was asked for, yet the engine serves {served!r}"
+        return None
+
+    evidence.__doc__ = f"the engine's summary names {architecture} when on"
+    return evidence
+
+
 def _quantized(run: CellRun, on: bool) -> str | None:
     """the engine's summary names the quantization method when on, none when off"""
     quantization = run.summary.get("quantization")
@@ -164,8 +184,8 @@ def _replicas_used(run: CellRun, on: bool) -> str | None:
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 NO_DRAFT_BLOCKERS = {"logprobs": None, "min_tokens": 0, "ignore_eos": True}
 # The harness puts the cell's checkpoint where a setting names TARGET_CHECKPOINT: the draft model is the target
-# itself (the matrix has one tiny checkpoint; a draft needs the target's vocabulary). It still runs the whole
-# draft-model path: its own layers and KV cache, catch-up, verification.
+# itself (the tiny Llama, or the Qwen3.5 with the hybrid model on; a draft needs the target's vocabulary). It
+# still runs the whole draft-model path: its own layers and KV cache, catch-up, verification.
 TARGET_CHECKPOINT = "<target checkpoint>"
 DRAFT_MODEL = {"method": "draft_model", "model": TARGET_CHECKPOINT, "num_speculative_tokens": 3}
 
@@ -219,6 +239,12 @@ FEATURES: tuple[Feature, ...] = (
             off=Setting("auto"),
             on=Setting("fp8", {"kv_cache_dtype": "fp8"}),
             evidence=_kv_cache_fp8, in_reference=True),
+    # Gated DeltaNet layers with recurrent state (prefix hits through state snapshots, rollback of rejected drafts)
+    # around gated full attention; its reference is transformers on the same checkpoint.
+    Feature("hybrid_model", "hybrid model",
+            off=Setting("Llama"),
+            on=Setting("Qwen3.5", architecture=HYBRID_ARCHITECTURE),
+            evidence=_serves(HYBRID_ARCHITECTURE)),
 )
 
 _NO_DRAFTS = ("requests with structured output decode without drafts (the grammar matcher would have to "
@@ -232,4 +258,8 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "one --speculative-config per engine: n-gram and draft-model speculation are two methods of it"),
     Unsupported(frozenset({"speculative", "structured_output"}), _NO_DRAFTS),
     Unsupported(frozenset({"draft_model", "structured_output"}), _NO_DRAFTS),
+    Unsupported(frozenset({"draft_model", "hybrid_model"}),
+                "the draft model is the cell's checkpoint, and the engine refuses a draft model with recurrent state "
+                "at start-up (its own drafts would need their state rolled back); a hybrid target with an "
+                "attention-only draft is tests/models/test_hybrid_serving.py's"),
 )

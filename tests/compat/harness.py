@@ -2,7 +2,10 @@
 
 A combination names the features that are on (the rest are off): the baseline (none), each feature
 alone, every pair, and all on -- so every pair of values of any two features is run, with everything
-else off. A cell starts the offline `LLM` with the combination's settings, generates greedy tokens for
+else off. A cell runs on the tiny random checkpoint of the architecture its settings name (`Setting.architecture`:
+the hybrid model's Qwen3.5, else the Llama), one per architecture, built on first use by the caller's
+`CheckpointSource`; its engine and its reference both load that one. A cell starts the offline `LLM` with the
+combination's settings, generates greedy tokens for
 the prompts twice (the second pass, in reverse order, finds the first's most recent blocks in the
 prefix cache) and compares both passes with the cell's reference, then checks each feature's evidence.
 A cell with none of the features that change numerics or tokens on (`Feature.in_reference`: dtype,
@@ -23,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import zmq
@@ -35,7 +39,8 @@ import zmq
 from rapid_llm import LLM, SamplingParams
 from rapid_llm.ipc.messages import SchedulerStats, SchedulerToFrontend, TokenLogprobs
 from rapid_llm.ipc.sockets import Receiver
-from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, CellRun, Feature, Unsupported
+from tests.compat.features import (DEFAULT_ARCHITECTURE, FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, CellRun, Feature,
+                                   Unsupported)
 from tests.hf_reference import hf_greedy, hf_model
 from tests.op_pins import ALL_REFERENCE
 
@@ -53,6 +58,8 @@ FP8_NEAR_TIE_NATS = 0.25
 FP8_FEATURES = frozenset({"quantization", "kv_cache_fp8"})
 
 Combination = tuple[str, ...]  # the names of the features that are on, in FEATURES order
+# An architecture -> the directory of its tiny random float32 checkpoint, built on first use and the same after.
+CheckpointSource = Callable[[str], Path]
 
 
 def prompts() -> list[list[int]]:
@@ -64,13 +71,18 @@ def combinations(features: Sequence[Feature] = FEATURES,
                  unsupported: Sequence[Unsupported] = UNSUPPORTED) -> list[Combination]:
     """Baseline, each feature alone, every pair, then all on (when that is not already a pair); where all on
     is unsupported, also every largest supported combination of more than two features (all on but one, or
-    but two, ...), so every feature still runs with as many of the rest as the engine allows."""
+    but two, ...), so every feature still runs with as many of the rest as the engine allows. All on and its
+    largest supported combinations run once per checkpoint: also with each feature that names another
+    checkpoint (the hybrid model) off, so the default checkpoint runs every feature together too."""
     names = [feature.name for feature in features]
     result: list[Combination] = [(), *((name,) for name in names), *itertools.combinations(names, 2)]
-    if len(names) > 2:
-        result.append(tuple(names))
-        if unsupported_reason(tuple(names), unsupported) is not None:
-            result += largest_supported(names, unsupported)
+    for switched_off in (None, *(feature.name for feature in features if feature.on.architecture)):
+        kept = [name for name in names if name != switched_off]
+        if len(kept) > 2:
+            largest = [tuple(kept)]
+            if unsupported_reason(tuple(kept), unsupported) is not None:
+                largest += largest_supported(kept, unsupported)
+            result += [combination for combination in largest if combination not in result]
     return result
 
 
@@ -105,6 +117,17 @@ def settings(combination: Combination, features: Sequence[Feature] = FEATURES) -
                                      f"({target[key]!r} vs {value!r}); give it to one of them")
                 target[key], owner[key] = value, feature.name
     return engine_args, request
+
+
+def cell_architecture(combination: Combination, features: Sequence[Feature] = FEATURES) -> str:
+    """The architecture of the checkpoint a combination runs on; two features naming different ones is an error
+    in the feature table."""
+    named = {feature.name: setting.architecture for feature in features
+             for setting in (feature.on if feature.name in combination else feature.off,) if setting.architecture}
+    if len(set(named.values())) > 1:
+        raise ValueError(f"features {' and '.join(named)} name different checkpoints ({', '.join(named.values())}); "
+                         "a cell runs on one")
+    return next(iter(named.values()), DEFAULT_ARCHITECTURE)
 
 
 def unsupported_reason(combination: Combination, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> str | None:
@@ -162,24 +185,34 @@ def _with_checkpoint(value: Any, checkpoint: Path) -> Any:
     return str(checkpoint) if value == TARGET_CHECKPOINT else value
 
 
+# The last line of a logged traceback: the exception an engine process died of.
+_LOGGED_EXCEPTION = re.compile(r"^[A-Za-z_.]*(Error|Exception): .+", re.MULTILINE)
+
+
 def generate_twice(checkpoint: Path, prompt_ids: list[list[int]], engine_args: dict[str, Any],
                    request: dict[str, Any]) -> CellRun:
     context = zmq.Context()
     try:
         with captured_stderr() as log_path:
-            with LLM(model=str(checkpoint), **_with_checkpoint(engine_args, checkpoint)) as llm:
-                # The offline LLM does not read the schedulers' counters; the harness binds their channels
-                # (a scheduler retries what it could not send, so the newest snapshot arrives).
-                counters: list[Receiver] = [Receiver(context, paths.scheduler_to_frontend, SchedulerToFrontend)
-                                            for paths in llm._engine.replica_paths]
-                first = llm.generate(prompt_ids, greedy(request))
-                second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
-                stats = tuple(last_stats(receiver) for receiver in counters)
-                for receiver in counters:
-                    receiver.socket.close()
-                summary = llm.config.summary()
-                routed = tuple(load.routed for load in llm._router.loads)
-                eos_token_id = llm.tokenizer.eos_token_id
+            try:
+                with LLM(model=str(checkpoint), **_with_checkpoint(engine_args, checkpoint)) as llm:
+                    # The offline LLM does not read the schedulers' counters; the harness binds their channels
+                    # (a scheduler retries what it could not send, so the newest snapshot arrives).
+                    counters: list[Receiver] = [Receiver(context, paths.scheduler_to_frontend, SchedulerToFrontend)
+                                                for paths in llm._engine.replica_paths]
+                    first = llm.generate(prompt_ids, greedy(request))
+                    second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
+                    stats = tuple(last_stats(receiver) for receiver in counters)
+                    for receiver in counters:
+                        receiver.socket.close()
+                    summary = llm.config.summary()
+                    routed = tuple(load.routed for load in llm._router.loads)
+                    eos_token_id = llm.tokenizer.eos_token_id
+            except Exception as error:  # the log is captured, so "see the log above" would point at nothing
+                logged = _LOGGED_EXCEPTION.search(log_path.read_text(errors="replace"))
+                if logged is not None and logged.group(0) not in str(error):
+                    error.add_note(f"the engine's log: {logged.group(0)}")
+                raise
             log = log_path.read_text(errors="replace")
     finally:
         context.destroy(linger=0)
@@ -204,27 +237,30 @@ def reference_features(combination: Combination, features: Sequence[Feature] = F
 
 
 class References:
-    """The reference per combination of `in_reference` features, computed on first use (see the module
-    docstring for which), and the runs of cells that others are checked on/off against."""
+    """The reference per checkpoint and combination of `in_reference` features, computed on first use (see the
+    module docstring for which), and the runs of cells that others are checked on/off against."""
 
-    def __init__(self, checkpoint: Path, prompt_ids: list[list[int]]) -> None:
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoints: CheckpointSource, prompt_ids: list[list[int]]) -> None:
+        self.checkpoints = checkpoints
         self.prompt_ids = prompt_ids
-        self._references: dict[Combination, Reference] = {}
+        self._references: dict[tuple[str, Combination], Reference] = {}
         self.runs: dict[Combination, CellRun] = {}
 
-    def get(self, kept: Combination = (), features: Sequence[Feature] = FEATURES) -> Reference:
-        if kept not in self._references:
+    def get(self, architecture: str = DEFAULT_ARCHITECTURE, kept: Combination = (),
+            features: Sequence[Feature] = FEATURES) -> Reference:
+        key = (architecture, kept)
+        if key not in self._references:
+            checkpoint = self.checkpoints(architecture)
             if not kept:  # the checkpoint is float32, which is what "auto" gives where no feature sets the dtype
-                model = hf_model(self.checkpoint, torch.float32)
-                self._references[kept] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
+                model = hf_model(checkpoint, torch.float32)
+                self._references[key] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
             else:
                 engine_args, request = settings(kept, features)
                 engine_args.update(**ALL_REFERENCE)
-                run = generate_twice(self.checkpoint, self.prompt_ids, engine_args, request)
+                run = generate_twice(checkpoint, self.prompt_ids, engine_args, request)
                 tie_nats = FP8_NEAR_TIE_NATS if FP8_FEATURES & set(kept) else NEAR_TIE_NATS
-                self._references[kept] = Reference(run.first_pass, run.first_logprobs, tie_nats)
-        return self._references[kept]
+                self._references[key] = Reference(run.first_pass, run.first_logprobs, tie_nats)
+        return self._references[key]
 
 
 def _logprob(entry: TokenLogprobs | None, token: int) -> float | None:
@@ -259,6 +295,11 @@ def compare(tokens: list[list[int]], logprobs: list[list[TokenLogprobs | None]],
     return None, ties
 
 
+def _failure(error: Exception) -> str:
+    """One line on why an engine failed: its error's first line, and what the engine's log adds."""
+    return "; ".join([f"{type(error).__name__}: {str(error).splitlines()[0]}", *getattr(error, "__notes__", ())])
+
+
 def _engine_run(checkpoint: Path, combination: Combination, references: References,
                 features: Sequence[Feature]) -> CellRun:
     """The cell's run, kept when a cell checked on/off against it may ask for it again."""
@@ -282,28 +323,29 @@ def _against_reference(run: CellRun, expected: Reference) -> tuple[list[str], li
     return problems, ties
 
 
-def run_cell(checkpoint: Path, combination: Combination, references: References,
-             features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
+def run_cell(combination: Combination, references: References, features: Sequence[Feature] = FEATURES,
+             unsupported: Sequence[Unsupported] = UNSUPPORTED) -> CellResult:
     """Run one combination; a declared-unsupported one is not started."""
     reason = unsupported_reason(combination, unsupported)
     if reason is not None:
         return CellResult(combination, "unsupported", reason)
     started = time.perf_counter()
     engine_args, _ = settings(combination, features)
+    architecture = cell_architecture(combination, features)
     kept = reference_features(combination, features)
     try:
-        expected = references.get(kept, features)
+        checkpoint = references.checkpoints(architecture)
+        expected = references.get(architecture, kept, features)
     except Exception as error:  # the reference engine refused or crashed: the cell cannot be judged
-        return CellResult(combination, "failed", f"reference ({'+'.join(kept)}): {type(error).__name__}: "
-                          f"{str(error).splitlines()[0]}", time.perf_counter() - started)
+        return CellResult(combination, "failed", f"reference ({'+'.join((architecture, *kept))}): "
+                          f"{_failure(error)}", time.perf_counter() - started)
     on_off = [f for f in features if f.golden_against_off and f.name in combination]
     without = tuple(name for name in combination if name not in {f.name for f in on_off})
     try:
         run = _engine_run(checkpoint, combination, references, features)
         baseline = _engine_run(checkpoint, without, references, features) if on_off else run
     except Exception as error:  # the engine refused or crashed: the cell failed, and says how
-        return CellResult(combination, "failed", f"{type(error).__name__}: {str(error).splitlines()[0]}",
-                          time.perf_counter() - started)
+        return CellResult(combination, "failed", _failure(error), time.perf_counter() - started)
     problems, ties = _against_reference(baseline, expected)
     eos_notes: list[str] = []
     sided_notes: list[str] = []
@@ -343,13 +385,13 @@ def run_cell(checkpoint: Path, combination: Combination, references: References,
     return CellResult(combination, "passed", "; ".join(notes + sided_notes + eos_notes), seconds)
 
 
-def run_matrix(checkpoint: Path, selected: Sequence[Combination] | None = None,
+def run_matrix(checkpoints: CheckpointSource, selected: Sequence[Combination] | None = None,
                features: Sequence[Feature] = FEATURES, unsupported: Sequence[Unsupported] = UNSUPPORTED,
                progress: bool = False) -> list[CellResult]:
-    references = References(checkpoint, prompts())
+    references = References(checkpoints, prompts())
     results = []
     for combination in selected if selected is not None else combinations(features, unsupported):
-        result = run_cell(checkpoint, combination, references, features, unsupported)
+        result = run_cell(combination, references, features, unsupported)
         if progress:
             print(f"{'+'.join(combination) or 'baseline'}: {result.status} ({result.seconds:.1f} s) {result.reason}",
                   flush=True)

@@ -3,13 +3,15 @@
     python -m tests.compat.matrix --write docs/compatibility.md
     python -m tests.compat.matrix --only chunked_prefill+preemption --only dtype   # a few cells, printed
 
-The checkpoint is a tiny random Llama built in a temporary directory (nothing is downloaded). The
+The checkpoints are tiny random ones built in a temporary directory on first use, one per architecture a cell
+runs on (the Llama; the Qwen3.5 for the hybrid model), nothing downloaded. The
 exit status is 1 when any cell failed, so the full run can gate a release as the CI subset gates a merge.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import torch
 
 from rapid_llm.utils.tiny_checkpoint import build_tiny_checkpoint
 from tests.compat.features import FEATURES
-from tests.compat.harness import Combination, run_matrix
+from tests.compat.harness import CheckpointSource, Combination, run_matrix
 from tests.compat.report import render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,12 @@ def parse_combination(text: str) -> Combination:
     if unknown := names - set(known):
         raise argparse.ArgumentTypeError(f"unknown features {sorted(unknown)}; known: {', '.join(known)}")
     return tuple(name for name in known if name in names)
+
+
+def tiny_checkpoints(directory: Path) -> CheckpointSource:
+    """Each architecture's tiny random float32 checkpoint, built under `directory` when first asked for."""
+    return functools.cache(lambda architecture: build_tiny_checkpoint(directory / architecture, architecture,
+                                                                      torch.float32))
 
 
 def run_facts() -> dict[str, str]:
@@ -52,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write is not None and args.only:
         parser.error("--write needs the full matrix; drop --only")
     with tempfile.TemporaryDirectory(prefix="rapid_llm-compat-") as directory:
-        checkpoint = build_tiny_checkpoint(Path(directory), "LlamaForCausalLM", torch.float32)
-        results = run_matrix(checkpoint, args.only, progress=True)
+        results = run_matrix(tiny_checkpoints(Path(directory)), args.only, progress=True)
     if args.write is not None:
         args.write.write_text(render(results, run_facts()))
         print(f"wrote {args.write}")

@@ -17,29 +17,25 @@ import pytest
 from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, Feature, Setting, Unsupported
 from rapid_llm.ipc.messages import TokenLogprobs
 from tests.compat.harness import (FP8_NEAR_TIE_NATS, NEAR_TIE_NATS, CellResult, Reference, References,
-                                  _with_checkpoint, combinations, compare, largest_supported, prompts, run_cell,
-                                  run_matrix, settings)
+                                  _with_checkpoint, cell_architecture, combinations, compare, largest_supported,
+                                  prompts, run_cell, run_matrix, settings)
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Five pairs, chosen so each float32 feature that starts no extra process is on in one of them.
+# Six pairs, chosen so each float32 feature that starts no extra process is on in one of them. The hybrid model's
+# pair is prefix caching: its hits restore recurrent state from snapshots written at block boundaries mid-prompt.
 CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption"), ("speculative", "quantization"),
-             ("preemption", "draft_model"), ("structured_output", "kv_cache_fp8")]
+             ("preemption", "draft_model"), ("structured_output", "kv_cache_fp8"), ("prefix_caching", "hybrid_model")]
 FACTS = {"commit": "test", "device": "cpu", "date": "today"}
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_checkpoint) -> Path:
-    return tiny_checkpoint("LlamaForCausalLM")
+def references(tiny_checkpoint) -> References:
+    return References(tiny_checkpoint, prompts())
 
 
-@pytest.fixture(scope="module")
-def references(checkpoint) -> References:
-    return References(checkpoint, prompts())
-
-
-def test_ci_subset_passes(checkpoint) -> None:
-    results = run_matrix(checkpoint, CI_SUBSET)
+def test_ci_subset_passes(tiny_checkpoint) -> None:
+    results = run_matrix(tiny_checkpoint, CI_SUBSET)
     assert [(r.combination, r.status, r.reason) for r in results] == [(c, "passed", "") for c in CI_SUBSET]
 
 
@@ -50,36 +46,40 @@ def test_the_ci_subset_covers_every_fast_float32_feature() -> None:
     assert not any(feature.slow for feature in FEATURES if feature.name in covered)
 
 
-def test_speculation_whose_drafts_are_all_blocked_fails_its_evidence(checkpoint, references) -> None:
+def test_speculation_whose_drafts_are_all_blocked_fails_its_evidence(references) -> None:
     # logprobs (the harness's default request) keep every request from drafting: the tokens still match,
     # so only the evidence can tell that speculation never ran.
     blocked = tuple(dataclasses.replace(f, on=Setting(f.on.label, f.on.engine_args)) if f.name == "speculative"
                     else f for f in FEATURES)
-    result = run_cell(checkpoint, ("speculative",), references, blocked)
+    result = run_cell(("speculative",), references, blocked)
     assert (result.status, result.reason) == ("failed", "speculative decoding is on, yet no draft was verified")
 
 
-def test_a_broken_combination_is_a_failed_cell(checkpoint, references) -> None:
+def test_a_broken_combination_is_a_failed_cell(references) -> None:
     broken = Feature("sampled", "sampling instead of greedy", off=Setting("off"),
                      on=Setting("on", request={"temperature": 1.0, "seed": 3}))
     features = (*FEATURES, broken)
-    result = run_cell(checkpoint, ("chunked_prefill", "sampled"), references, features)
+    result = run_cell(("chunked_prefill", "sampled"), references, features)
     assert result.status == "failed"
     assert result.reason.startswith("first pass: prompt ") and "the reference's" in result.reason, result.reason
     page = render([result], FACTS, features)
     assert "**failed** [1]" in page and "1. chunked prefill + sampling instead of greedy: failed: first pass" in page
 
 
-def test_an_engine_that_refuses_the_settings_is_a_failed_cell_with_the_cause(checkpoint, references) -> None:
+def test_an_engine_that_refuses_the_settings_is_a_failed_cell_with_the_cause(references) -> None:
     refusing = Feature("no_slots", "no request slots", off=Setting("off"), on=Setting("on", {"max_num_seqs": 0}))
-    result = run_cell(checkpoint, ("no_slots",), references, (*FEATURES, refusing))
+    result = run_cell(("no_slots",), references, (*FEATURES, refusing))
     assert result == CellResult(("no_slots",), "failed", "ValueError: --max-num-seqs must be at least 1, got 0",
                                 result.seconds)
 
 
-def test_declared_unsupported_combinations_are_not_run(checkpoint) -> None:
+def test_declared_unsupported_combinations_are_not_run() -> None:
     declared = (Unsupported(frozenset({"chunked_prefill", "preemption"}), "made up for the test"),)
-    results = run_matrix(Path("/nonexistent"), [("chunked_prefill", "preemption", "dtype")], unsupported=declared)
+
+    def no_checkpoint(architecture: str) -> Path:
+        raise AssertionError(f"an unsupported cell asked for the {architecture} checkpoint")
+
+    results = run_matrix(no_checkpoint, [("chunked_prefill", "preemption", "dtype")], unsupported=declared)
     assert [(r.status, r.reason) for r in results] == [("unsupported", "made up for the test")]
     assert "unsupported [1]" in render(results, FACTS)
 
@@ -92,30 +92,47 @@ def test_two_features_setting_one_argument_differently_is_refused() -> None:
         settings(("nope",))
 
 
-def test_the_combinations_are_baseline_singles_pairs_and_all_on() -> None:
+def _all_on_but(*left_out: str) -> tuple[str, ...]:
+    return tuple(feature.name for feature in FEATURES if feature.name not in left_out)
+
+
+def test_the_combinations_are_baseline_singles_pairs_and_all_on_per_checkpoint() -> None:
     names = [feature.name for feature in FEATURES]
     runs = combinations(unsupported=())
-    assert runs[0] == () and runs[-1] == tuple(names)
-    assert len(runs) == len(set(runs)) == 1 + len(names) + len(names) * (len(names) - 1) // 2 + 1
+    # All on, on the hybrid checkpoint, then on the default one.
+    assert runs[0] == () and runs[-2:] == [_all_on_but(), _all_on_but("hybrid_model")]
+    assert len(runs) == len(set(runs)) == 1 + len(names) + len(names) * (len(names) - 1) // 2 + 2
 
 
 def test_an_unsupported_all_on_adds_the_supported_all_but_one_runs() -> None:
-    names = [feature.name for feature in FEATURES]
     declared = (Unsupported(frozenset({"chunked_prefill", "preemption"}), "made up for the test"),)
     runs = combinations(unsupported=declared)
-    assert runs[-3] == tuple(names)
-    assert runs[-2:] == [tuple(n for n in names if n != "chunked_prefill"), tuple(n for n in names if n != "preemption")]
+    assert runs[-6:] == [_all_on_but(), _all_on_but("chunked_prefill"), _all_on_but("preemption"),
+                         _all_on_but("hybrid_model"), _all_on_but("hybrid_model", "chunked_prefill"),
+                         _all_on_but("hybrid_model", "preemption")]
 
 
 def test_with_every_pair_of_conflicts_the_largest_supported_combinations_run() -> None:
     names = [feature.name for feature in FEATURES]
     runs = largest_supported(names, UNSUPPORTED)
-    # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output.
-    assert len(runs) == 6 and all(len(run) == len(names) - 3 for run in runs)
-    assert {frozenset(names) - set(run) for run in runs} == {
-        frozenset({one, *({"speculative", "draft_model", "structured_output"} - {other})})
-        for one in ("tensor_parallel", "quantization") for other in ("speculative", "draft_model", "structured_output")}
-    assert combinations()[-6:] == runs
+    # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output;
+    # where draft-model speculation stays, the hybrid model too (a draft with recurrent state is refused).
+    trio = {"speculative", "draft_model", "structured_output"}
+    assert len(runs) == 6 and {frozenset(names) - set(run) for run in runs} == {
+        frozenset({one, *(trio - {other}), *(("hybrid_model",) if other == "draft_model" else ())})
+        for one in ("tensor_parallel", "quantization") for other in trio}
+    default_checkpoint = _all_on_but("hybrid_model")
+    default_runs = [run for run in largest_supported(default_checkpoint, UNSUPPORTED) if run not in runs]
+    assert combinations()[-2 - len(runs) - len(default_runs):] == [tuple(names), *runs, default_checkpoint,
+                                                                   *default_runs]
+
+
+def test_a_cell_runs_on_the_checkpoint_its_settings_name() -> None:
+    assert cell_architecture(()) == cell_architecture(("chunked_prefill",)) == "LlamaForCausalLM"
+    assert cell_architecture(("chunked_prefill", "hybrid_model")) == "Qwen3_5ForCausalLM"
+    moe = Feature("moe_model", "MoE model", off=Setting("off"), on=Setting("on", architecture="Qwen3MoeForCausalLM"))
+    with pytest.raises(ValueError, match="hybrid_model and moe_model name different checkpoints"):
+        cell_architecture(("hybrid_model", "moe_model"), (*FEATURES, moe))
 
 
 def test_the_draft_model_setting_names_the_cells_checkpoint() -> None:

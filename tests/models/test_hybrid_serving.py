@@ -5,7 +5,8 @@ projections and a dense MLP): greedy tokens equal
 transformers' with chunked prefill (an 8-token budget), lock-step and async scheduling, preemption under a small KV
 budget (a preempted request restarts its state at token 0) and prefix caching on: with state snapshots a hit starts
 from the state saved at its last block, without them there are no hits. Speculative decoding gives the tokens of
-decoding without it (on/off golden; drafts partly rejected, the state after the accepted ones restored). Prompts
+decoding without it (on/off golden; drafts partly rejected, the state after the accepted ones restored), with an
+attention-only draft model too; a draft model with state is refused. Prompts
 longer than a 64-token chunk prefill through the chunked delta rule or SSD scan, snapshots kept inside the chunks.
 """
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.ops import gated_delta, ssd
 from rapid_llm.sampling import SamplingParams
@@ -73,6 +75,35 @@ def test_speculative_decoding_keeps_the_tokens_of_plain_decoding(monkeypatch, ti
 
     plain = serve()
     assert serve(register_oracle(monkeypatch, prompts, plain)) == plain
+
+
+def test_a_hybrid_target_verifies_an_attention_only_draft_model(tiny_checkpoint) -> None:
+    """A tiny Llama drafts for Qwen3.5 (their vocabularies match): the target's state after each verification is
+    the one after its accepted drafts, so the tokens are those without speculation."""
+    checkpoint = tiny_checkpoint("Qwen3_5ForCausalLM")
+    model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=64)
+    draft = str(tiny_checkpoint("LlamaForCausalLM", num_hidden_layers=1, hidden_size=32))
+    speculative = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=3)
+    prompts = [[5, 9, 17, 33] * 4, list(range(60, 80)), [40, 41, 42]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outcomes = {}
+    for name, config in (("plain", None), ("drafted", speculative)):
+        runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64), DeviceConfig("cpu"), max_num_seqs=4,
+                             speculative=config)
+        engine = Engine(runner, max_num_batched_tokens=8, speculative=config)
+        served = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=2)
+        outcomes[name] = [served[f"r{i}"]["token_ids"] for i in range(len(prompts))]
+    assert engine.scheduler.stats().spec_decode_num_draft_tokens > 0
+    assert outcomes["drafted"] == outcomes["plain"]
+
+
+def test_a_draft_model_with_recurrent_state_is_refused(tiny_checkpoint) -> None:
+    target = ModelConfig.from_pretrained(str(tiny_checkpoint("LlamaForCausalLM")), dtype="float32", max_model_len=64)
+    hybrid = str(tiny_checkpoint("Qwen3_5ForCausalLM"))
+    speculative = SpeculativeConfig(method="draft_model", model=hybrid, num_speculative_tokens=3)
+    with pytest.raises(ValueError, match=r"\(Qwen3_5ForCausalLM\) keeps recurrent state .* must be attention-only"):
+        ModelRunner(target, CacheConfig(block_size=4, num_blocks=64), DeviceConfig("cpu"), max_num_seqs=4,
+                    speculative=speculative)
 
 
 @pytest.mark.parametrize(("architecture", "op_module"), [("Qwen3_5ForCausalLM", gated_delta),
