@@ -77,20 +77,28 @@ def test_speculative_decoding_keeps_the_tokens_of_plain_decoding(monkeypatch, ti
     assert serve(register_oracle(monkeypatch, prompts, plain)) == plain
 
 
-def test_a_hybrid_target_verifies_an_attention_only_draft_model(tiny_checkpoint) -> None:
-    """A tiny Llama drafts for Qwen3.5 (their vocabularies match): the target's state after each verification is
-    the one after its accepted drafts, so the tokens are those without speculation."""
-    checkpoint = tiny_checkpoint("Qwen3_5ForCausalLM")
-    model = ModelConfig.from_pretrained(str(checkpoint), dtype="float32", max_model_len=64)
-    draft = str(tiny_checkpoint("LlamaForCausalLM", num_hidden_layers=1, hidden_size=32))
-    speculative = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=3)
-    prompts = [[5, 9, 17, 33] * 4, list(range(60, 80)), [40, 41, 42]]
+@pytest.mark.parametrize(("architecture", "method"), [("Qwen3NextForCausalLM", "ngram"),
+                                                     ("Qwen3_5ForCausalLM", "draft_model")])
+def test_ngram_and_draft_model_speculation_keep_the_tokens_of_plain_decoding(tiny_checkpoint, architecture: str,
+                                                                               method: str) -> None:
+    """The engine's own proposers on a hybrid target: n-gram, and a tiny Llama as the draft model (their
+    vocabularies match). The target's state after each verification is the one after its accepted drafts, so the
+    tokens are those without speculation. The first prompt holds the token ids 10 to 479, so n-gram finds a match
+    after whatever token the model writes (the tiny models rarely repeat themselves)."""
+    model = ModelConfig.from_pretrained(str(tiny_checkpoint(architecture)), dtype="float32", max_model_len=512)
+    if method == "ngram":
+        speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                                        prompt_lookup_max=3)
+    else:
+        draft = str(tiny_checkpoint("LlamaForCausalLM", num_hidden_layers=1, hidden_size=32))
+        speculative = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=3)
+    prompts = [list(range(10, 480)), [5, 9, 17, 33] * 4, [40, 41, 42, 40, 41, 42]]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     outcomes = {}
     for name, config in (("plain", None), ("drafted", speculative)):
-        runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=64), DeviceConfig("cpu"), max_num_seqs=4,
+        runner = ModelRunner(model, CacheConfig(block_size=16, num_blocks=128), DeviceConfig("cpu"), max_num_seqs=4,
                              speculative=config)
-        engine = Engine(runner, max_num_batched_tokens=8, speculative=config)
+        engine = Engine(runner, max_num_batched_tokens=32, speculative=config)
         served = engine.serve([GenerateRequest(f"r{i}", p, params) for i, p in enumerate(prompts)], depth=2)
         outcomes[name] = [served[f"r{i}"]["token_ids"] for i in range(len(prompts))]
     assert engine.scheduler.stats().spec_decode_num_draft_tokens > 0
