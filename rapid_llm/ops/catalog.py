@@ -172,6 +172,10 @@ register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.c
             priority=10, conditions=_CPU_CPP)
 for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store"):
     register_op(name=_op, backend="cpu_cpp", fn=f"rapid_llm.ops.cpp.cpu_fused:{_op}", priority=10, conditions=_CPU_CPP)
+# The state ops' decode steps in place on their state rows (ops/cpp/cpu_state.py), above the torch decode forms.
+for _op in ("gated_delta_rule", "ssd_scan"):
+    register_op(name=_op, backend="cpu_cpp", fn=f"rapid_llm.ops.cpp.cpu_state:{_op}_decode",
+                priority=10, conditions={**_CPU_CPP, "predicate": _one_token_each})
 # Above xgrammar's CPU kernel: 25-46x faster at [8, 8192] and [8, 151936] (bench_ops; docs/structured_output.md).
 register_op(name="apply_token_bitmask", backend="cpu_cpp", fn="rapid_llm.ops.token_bitmask:apply_token_bitmask_cpu_cpp",
             priority=20, conditions=_CPU_CPP)

@@ -1,6 +1,6 @@
 """Op cases of the state ops (causal_conv, gated_delta_rule, ssd_scan): a step's sequences over rows of a state tensor.
 
-Variants: "decode" (one token per sequence, `num_tokens` sequences), "mixed" (a prefill of over one 64-token chunk
+Variants: "decode" (one token per sequence, `num_tokens` sequences, the first one's state kept), "mixed" (a prefill of over one 64-token chunk
 that keeps the states after its 16th and last tokens, as state snapshots do, a chunk continuing from its state, a
 fresh chunk, a decode) and "verify" (two chunks verifying drafts, the state after each of their tokens kept, as
 speculative decoding keeps them). Each implementation runs only where its predicate holds (the decode form on
@@ -22,7 +22,8 @@ def _state_step(inputs: CaseInputs, variant: str) -> tuple[StateMetadata, int]:
     """The step's metadata over shuffled rows (and how many rows the state tensor has)."""
     t, device = inputs.config.num_tokens, inputs.config.device
     if variant == "decode":
-        lengths, fresh, kept = [1] * t, [False] * t, []
+        # The first sequence keeps its state, as a decode ending a block does for a snapshot.
+        lengths, fresh, kept = [1] * t, [False] * t, [(0, 0, 0)]
     elif variant == "mixed":
         long = 64 + t + 3
         lengths, fresh, kept = [long, t, t + 2, 1], [True, False, True, False], [(0, 15, 0), (0, long - 1, 1)]

@@ -1,6 +1,6 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
-// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp and
-// token_bitmask.cpp (one module, so one build and one load serve every CPU op).
+// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp, token_bitmask.cpp
+// and state_decode.cpp (one module, so one build and one load serve every CPU op).
 // Only this file includes Python binding headers, and only torch's pybind11 glue (the at::Tensor caster), not
 // <torch/extension.h>: that header pulls in the whole C++ frontend (torch::nn, autograd, optimisers), ~20 s
 // of compile per file. The kernel files include just the ATen headers they use for the same reason.
@@ -37,6 +37,11 @@ at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
                             const at::Tensor& topk_ids, const at::Tensor& w13, const at::Tensor& w2,
                             bool amx);
 void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask);
+at::Tensor ssd_scan_decode(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+                           const at::Tensor& C, const at::Tensor& D, at::Tensor state, const at::Tensor& slots);
+at::Tensor gated_delta_rule_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                   const at::Tensor& g, const at::Tensor& beta, at::Tensor state,
+                                   const at::Tensor& slots);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
@@ -60,4 +65,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("apply_token_bitmask", &apply_token_bitmask, "-inf into the float32 logits a grammar bitmask forbids");
   module.def("packed_fused_moe", &packed_fused_moe,
              "fused_moe over stacked amx_pack_weight experts (bf16): amx_linear GEMMs, or avx512_linear's");
+  module.def("ssd_scan_decode", &ssd_scan_decode, "One Mamba2 scan step per sequence, its state row in place");
+  module.def("gated_delta_rule_decode", &gated_delta_rule_decode,
+             "One gated delta rule step per sequence, its state row in place");
 }
