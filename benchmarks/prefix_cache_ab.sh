@@ -5,7 +5,8 @@
 #     counters sampled every second during it (benchmarks/metrics_sampler.py: the hit rate over time);
 #  2. one ~1000-token prompt sent twice in a row: TTFT of the first and second request.
 #
-#   usage: benchmarks/prefix_cache_ab.sh MODEL_DIR [OUT_DIR]
+#   usage: [SERVER_ARGS="--state-snapshot-interval 4"] benchmarks/prefix_cache_ab.sh MODEL_DIR [OUT_DIR]
+#   (SERVER_ARGS: more flags for both servers, split on spaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="$1"
@@ -31,7 +32,8 @@ PY
 for mode in on off; do
     flag=()
     [ "$mode" = off ] && flag=(--disable-prefix-caching)
-    python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level warning "${flag[@]}" &
+    read -r -a extra <<< "${SERVER_ARGS:-}"
+    python3 -m rapid_llm.launch_server --model "$MODEL" --port "$PORT" --log-level warning "${flag[@]}" "${extra[@]}" &
     server=$!
     until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do sleep 0.5; done
 
