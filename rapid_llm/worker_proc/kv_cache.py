@@ -15,7 +15,9 @@ Usage: `cache = allocate_kv_cache(layers, tables, backends, model_config, cache_
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -106,6 +108,44 @@ class KVCache:
             # CPU torch has no float8 index_copy_: move the bytes.
             cache = layer.kv_cache.view(torch.uint8) if is_fp8_kv(layer.kv_cache.dtype) else layer.kv_cache
             cache.index_copy_(spec.block_dim, dst, cache.index_select(spec.block_dim, src))
+
+
+    @property
+    def num_tensors(self) -> int:
+        """The distinct paged tensors, what `read_blocks` and `write_blocks` go over one at a time."""
+        return len(self._distinct)
+
+    def layout_id(self) -> str:
+        """What two caches must share for one's blocks to be written into the other's as bytes: each distinct
+        tensor's spec, dtype and page shape without the block count, and the block size."""
+        parts = [f"{spec!r}|{layer.kv_cache.dtype}|{_page_shape_of_one_block(layer.kv_cache, spec)}"
+                 for layer, spec in self._distinct]
+        return hashlib.sha256("\n".join([str(self.block_size), *parts]).encode()).hexdigest()[:16]
+
+    def read_blocks(self, tensor: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """Distinct tensor `tensor`'s blocks `block_ids`, in that order, as contiguous uint8 bytes on the CPU."""
+        layer, spec = self._distinct[tensor]
+        index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        # Bytes throughout: CPU torch has no float8 index ops, and a byte copy is exact for every dtype.
+        return layer.kv_cache.view(torch.uint8).index_select(spec.block_dim, index).contiguous().cpu()
+
+    def write_blocks(self, tensor: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        """The bytes `read_blocks` gave (of a cache with this layout_id) into blocks `block_ids` of `tensor`."""
+        layer, spec = self._distinct[tensor]
+        cache = layer.kv_cache.view(torch.uint8)
+        shape = list(cache.shape)
+        shape[spec.block_dim] = len(block_ids)
+        if data.dtype != torch.uint8 or data.numel() != math.prod(shape):
+            raise ValueError(f"KV tensor {tensor}: {data.numel()} bytes for {len(block_ids)} blocks, expected "
+                             f"{math.prod(shape)} (a cache of another layout?)")
+        index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        cache.index_copy_(spec.block_dim, index, data.to(self.device).view(shape))
+
+
+def _page_shape_of_one_block(cache: torch.Tensor, spec: KVCacheSpec) -> tuple[int, ...]:
+    shape = list(cache.shape)
+    shape[spec.block_dim] = 1
+    return tuple(shape)
 
 
 def check_kv_dtype(layers: list[PagedAttentionLayer], specs: list[KVCacheSpec], dtype: torch.dtype,

@@ -1,0 +1,167 @@
+"""KV blocks from one instance's paged cache into another's over ZeroMQ: the built-in transfer that prefill/decode
+disaggregation is to be built on (issue 32; not wired into the server yet).
+
+The producer leases blocks under a transfer id and serves them to one reader, distinct tensor by distinct tensor
+(so a reader holds one tensor's blocks at a time), until the reader confirms, releases, or the lease expires. The
+consumer reads them into blocks of its own. Key design choice: the producer's one serving loop owns every lease
+and checks expiry where it serves reads, so blocks handed back (and reusable) are never read afterwards; a load has
+one deadline over connecting, every tensor and the confirmation, and always ends with a result, so nothing waits
+on a peer that went away. Both sides refuse a cache of another layout (`KVCache.layout_id`).
+Usage (producer): `sender = KVSender(cache, "tcp://127.0.0.1:5600"); sender.lease("t1", block_ids, ttl_s=30)`,
+then `sender.serve(timeout_ms)` in its loop returns the leases that ended, (id, "done" | "released" | "expired").
+Usage (consumer): `KVReceiver(cache).load("tcp://127.0.0.1:5600", "t1", block_ids, deadline_s=10)` (raises
+KVLoadError with the reason when it cannot).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import msgspec
+import torch
+import zmq
+
+from rapid_llm.worker_proc.kv_cache import KVCache
+
+_READ, _DONE, _RELEASE = b"read", b"done", b"release"
+_TENSOR, _END, _GONE = b"tensor", b"end", b"gone"
+
+
+@dataclass
+class _Lease:
+    block_ids: list[int]
+    expires_at: float
+
+
+class KVSender:
+    """The producer's side: leases and the socket readers reach them on (serve from one thread)."""
+
+    def __init__(self, cache: KVCache, address: str, context: zmq.Context | None = None) -> None:
+        self.cache = cache
+        self._layout = cache.layout_id()
+        self._socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+        self._leases: dict[str, _Lease] = {}
+
+    @property
+    def leased(self) -> dict[str, list[int]]:
+        return {transfer_id: lease.block_ids for transfer_id, lease in self._leases.items()}
+
+    def lease(self, transfer_id: str, block_ids: Sequence[int], ttl_s: float) -> None:
+        if transfer_id in self._leases:
+            raise ValueError(f"KV transfer {transfer_id!r} is already leased")
+        self._leases[transfer_id] = _Lease(list(block_ids), time.monotonic() + ttl_s)
+
+    def serve(self, timeout_ms: int) -> list[tuple[str, str]]:
+        """Answer what readers sent within `timeout_ms`; the leases that ended (confirmed, released, expired)."""
+        ended: list[tuple[str, str]] = []
+        if self._socket.poll(timeout_ms):
+            while True:
+                try:
+                    frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                ended += self._handle(frames)
+        now = time.monotonic()
+        for transfer_id in [tid for tid, lease in self._leases.items() if lease.expires_at <= now]:
+            del self._leases[transfer_id]
+            ended.append((transfer_id, "expired"))
+        return ended
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def _handle(self, frames: list[bytes]) -> list[tuple[str, str]]:
+        if len(frames) != 3:
+            return []
+        reader, kind, header = frames
+        request = msgspec.msgpack.decode(header)
+        transfer_id = request.get("transfer_id")
+        lease = self._leases.get(transfer_id)
+        if kind in (_DONE, _RELEASE):
+            if lease is None:
+                return []
+            del self._leases[transfer_id]
+            return [(transfer_id, "done" if kind == _DONE else "released")]
+        if kind != _READ:
+            return []
+        if lease is None or lease.expires_at <= time.monotonic():
+            self._reply(reader, _GONE, {"reason": f"no lease {transfer_id!r} (never made, ended or expired)"})
+        elif request.get("layout_id") != self._layout:
+            self._reply(reader, _GONE, {"reason": f"the caches differ in layout ({request.get('layout_id')} here "
+                                                  f"{self._layout})"})
+        else:
+            for tensor in range(self.cache.num_tensors):
+                data = self.cache.read_blocks(tensor, lease.block_ids)
+                self._socket.send_multipart([reader, _TENSOR, msgspec.msgpack.encode({"tensor": tensor}),
+                                             memoryview(data.numpy())], copy=False)
+            self._reply(reader, _END, {"tensors": self.cache.num_tensors})
+        return []
+
+    def _reply(self, reader: bytes, kind: bytes, body: dict) -> None:
+        self._socket.send_multipart([reader, kind, msgspec.msgpack.encode(body)])
+
+
+class KVLoadError(RuntimeError):
+    """A load that did not complete: the reason, for the log and the fallback to local prefill."""
+
+
+class KVReceiver:
+    """The consumer's side: one load at a time into its own cache's blocks."""
+
+    def __init__(self, cache: KVCache, context: zmq.Context | None = None) -> None:
+        self.cache = cache
+        self._context = context or zmq.Context.instance()
+
+    def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float) -> None:
+        """Read lease `transfer_id` from the producer at `address` into `block_ids` (as many as it leased), then
+        confirm; raises KVLoadError when it cannot by the deadline (the blocks' content is then undefined)."""
+        deadline = time.monotonic() + deadline_s
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(address)
+            socket.send_multipart([_READ, msgspec.msgpack.encode({"transfer_id": transfer_id,
+                                                                  "layout_id": self.cache.layout_id()})])
+            try:
+                self._receive(socket, transfer_id, block_ids, deadline)
+            except KVLoadError:
+                self._confirm(socket, _RELEASE, transfer_id, deadline)
+                raise
+            self._confirm(socket, _DONE, transfer_id, deadline)
+        finally:
+            socket.close()
+
+    @staticmethod
+    def _confirm(socket: zmq.Socket, kind: bytes, transfer_id: str, deadline: float) -> None:
+        """Best effort: a lost confirmation only keeps the producer's blocks until its lease expires."""
+        socket.setsockopt(zmq.LINGER, max(0, int(1000 * (deadline - time.monotonic()))))
+        socket.send_multipart([kind, msgspec.msgpack.encode({"transfer_id": transfer_id})], zmq.NOBLOCK)
+
+    def _receive(self, socket: zmq.Socket, transfer_id: str, block_ids: Sequence[int], deadline: float) -> None:
+        written: set[int] = set()
+        while True:
+            left_ms = int(1000 * (deadline - time.monotonic()))
+            if left_ms <= 0 or not socket.poll(left_ms):
+                raise KVLoadError(f"KV transfer {transfer_id!r}: no answer before the deadline "
+                                  f"({len(written)} of {self.cache.num_tensors} tensors read)")
+            kind, header, *payload = socket.recv_multipart(copy=False)
+            body = msgspec.msgpack.decode(header.bytes)
+            if kind.bytes == _GONE:
+                raise KVLoadError(f"KV transfer {transfer_id!r}: {body['reason']}")
+            if kind.bytes == _TENSOR:
+                tensor = body["tensor"]
+                try:
+                    self.cache.write_blocks(tensor, block_ids, torch.frombuffer(bytearray(payload[0].buffer),
+                                                                                dtype=torch.uint8))
+                except ValueError as error:
+                    raise KVLoadError(f"KV transfer {transfer_id!r}: {error}") from error
+                written.add(tensor)
+            elif kind.bytes == _END:
+                if written != set(range(self.cache.num_tensors)):
+                    raise KVLoadError(f"KV transfer {transfer_id!r}: the producer ended after tensors "
+                                      f"{sorted(written)} of {self.cache.num_tensors}")
+                return

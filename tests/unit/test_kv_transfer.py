@@ -1,0 +1,123 @@
+"""The built-in KV transfer (worker_proc/kv_transfer.py) between two caches over ZeroMQ on 127.0.0.1: leased blocks
+arrive byte for byte in the reader's blocks (bf16, fp8 and an MLA latent cache) and the lease ends as done; a lease
+that is unknown, expired or of another layout is refused with the reason and nothing waits; a producer that never
+answers fails the load by its deadline; a lease never read expires."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import zmq
+
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.worker_proc.kv_cache import KVCache
+from rapid_llm.worker_proc.kv_transfer import KVLoadError, KVReceiver, KVSender
+from rapid_llm.worker_proc.model_runner import ModelRunner
+from tests.e2e.server import free_port
+
+CASES = {"bf16": ("LlamaForCausalLM", "auto"), "fp8": ("LlamaForCausalLM", "fp8"),
+         "mla": ("DeepseekV3ForCausalLM", "auto")}
+
+
+def _cache(checkpoint, cache_dtype: str, block_size: int = 4) -> KVCache:
+    config = ModelConfig.from_pretrained(str(checkpoint), max_model_len=32)
+    runner = ModelRunner(config, CacheConfig(block_size=block_size, num_blocks=12, cache_dtype=cache_dtype),
+                         DeviceConfig("cpu"), max_num_seqs=2)
+    generator = torch.Generator().manual_seed(0)
+    for layer in runner.kv_cache.layers:
+        raw = layer.kv_cache.view(torch.uint8)
+        raw.copy_(torch.randint(0, 120, raw.shape, dtype=torch.uint8, generator=generator))
+    return runner.kv_cache
+
+
+class Serving:
+    """A producer serving from a thread until stopped; what ended, in order."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.sender = KVSender(cache, self.address, zmq.Context())
+        self.ended: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def lease(self, transfer_id: str, block_ids: list[int], ttl_s: float = 30) -> None:
+        with self._lock:
+            self.sender.lease(transfer_id, block_ids, ttl_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self.ended += self.sender.serve(10)
+
+    def wait_ended(self, count: int, timeout_s: float = 10) -> list[tuple[str, str]]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.ended) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.ended
+
+    def __enter__(self) -> Serving:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sender.close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_leased_blocks_arrive_byte_for_byte_and_the_lease_ends_done(tiny_checkpoint, case: str) -> None:
+    architecture, cache_dtype = CASES[case]
+    checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
+    producer, consumer = _cache(checkpoint, cache_dtype), _cache(checkpoint, cache_dtype)
+    untouched = [0, 1, 3, 4, 5, 7, 8, 9, 11]
+    before = [consumer.read_blocks(t, untouched) for t in range(consumer.num_tensors)]
+    with Serving(producer) as serving:
+        serving.lease("r1", [3, 5, 7])
+        KVReceiver(consumer, zmq.Context()).load(serving.address, "r1", [10, 2, 6], deadline_s=10)
+        assert serving.wait_ended(1) == [("r1", "done")] and serving.sender.leased == {}
+    for tensor in range(consumer.num_tensors):
+        assert torch.equal(consumer.read_blocks(tensor, [10, 2, 6]), producer.read_blocks(tensor, [3, 5, 7]))
+        assert torch.equal(consumer.read_blocks(tensor, untouched), before[tensor])
+
+
+def test_unknown_expired_and_foreign_leases_are_refused_with_the_reason(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16)
+    producer, consumer = _cache(checkpoint, "auto"), _cache(checkpoint, "auto")
+    other_layout = _cache(checkpoint, "auto", block_size=8)
+    with Serving(producer) as serving:
+        receiver = KVReceiver(consumer, zmq.Context())
+        with pytest.raises(KVLoadError, match="no lease 'nobody'"):
+            receiver.load(serving.address, "nobody", [1], deadline_s=10)
+        serving.lease("short", [1, 2], ttl_s=0.05)
+        assert serving.wait_ended(1) == [("short", "expired")]
+        with pytest.raises(KVLoadError, match="no lease 'short'"):
+            receiver.load(serving.address, "short", [1, 2], deadline_s=10)
+        serving.lease("foreign", [1])
+        with pytest.raises(KVLoadError, match="the caches differ in layout"):
+            KVReceiver(other_layout, zmq.Context()).load(serving.address, "foreign", [1], deadline_s=10)
+        # The refused reader released the lease: its blocks are the producer's again.
+        assert serving.wait_ended(2)[1] == ("foreign", "released")
+        serving.lease("fewer", [1, 2, 3])
+        with pytest.raises(KVLoadError, match="bytes for 2 blocks"):
+            receiver.load(serving.address, "fewer", [4, 5], deadline_s=10)
+        assert serving.wait_ended(3)[2] == ("fewer", "released")
+
+
+def test_a_producer_that_never_answers_fails_the_load_by_its_deadline(tiny_checkpoint) -> None:
+    consumer = _cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16), "auto")
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    silent.bind(address)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KVLoadError, match="no answer before the deadline"):
+            KVReceiver(consumer, context).load(address, "r1", [1], deadline_s=0.3)
+    finally:
+        silent.close(linger=0)
+    assert time.monotonic() - started < 3
