@@ -3,7 +3,8 @@ conv, recurrent) start a request from a prefix-cache hit.
 
 Key design choice: a snapshot is the state after a full block, kept under that block's chained hash -- the same
 key as the KV -- in a `BlockManager` of its own (reference counts, LRU eviction, hash table). A chunk keeps the
-state at every `interval_blocks`-th block boundary of known tokens it passes (--state-snapshot-interval), and at the last boundary
+state at every `interval_blocks`-th block boundary of known tokens it passes (--state-snapshot-interval), and at
+the last boundary
 before its request's last token (what a repeat of the prompt hits); the layers write those states during the
 forward, at any position inside the chunk, so no chunk is cut for them. A snapshot is registered only once the
 step's result arrives (a step loads before its forward, so a request planned into the same step must not see one
@@ -41,9 +42,8 @@ class StateSnapshots:
     def saves_for(self, request: RequestState, start: int, end: int) -> list[SnapshotSave]:
         """Snapshots for the states a chunk computing tokens [start, end) passes: every `interval_blocks` blocks
         and at the last block boundary before the request's last token (what a repeat of it hits)."""
-        stride = self.stride
         last = (request.num_tokens - 1) // self.block_size * self.block_size
-        positions = set(range((start // stride + 1) * stride, end + 1, stride))
+        positions = set(range((start // self.stride + 1) * self.stride, end + 1, self.stride))
         if start < last <= end:
             positions.add(last)
         return [save for position in sorted(positions) if (save := self._save_at(request, position)) is not None]

@@ -13,7 +13,8 @@ quantization, the fp8 KV cache, structured output) is float32 and its reference 
 exactly. Otherwise the reference is the engine with those features on, every other feature off and every op
 on its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path and
 no grammar); an output may part from such a reference only at a tie (NEAR_TIE_NATS, FP8_NEAR_TIE_NATS with
-fp8 weights or KV), as another batch shape (a chunked prefill) rounds differently. A feature whose request carries no logprobs (speculative decoding,
+fp8 weights or KV), as another batch shape (a chunked prefill) rounds differently. A feature whose request carries
+no logprobs (speculative decoding,
 n-gram or draft model: they would disable it) is checked on/off instead: its cell must give exactly the
 tokens of the same cell with it off (which meets the reference as above) or, for a prompt where that run parted
 from the reference at a tie, exactly the reference's. The engine's stderr (its children's
