@@ -160,6 +160,14 @@ class ServerArgs:
                                   "decoding as vLLM spells it, a JSON object: {\"method\": \"ngram\", "
                                   "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4} "
                                   "(default: off). See docs/spec_decode/README.md."})
+    kv_transfer_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "Prefill/decode "
+                                  "disaggregation as vLLM spells it, a JSON object: {\"kv_connector\": "
+                                  "\"ZmqConnector\", \"kv_role\": \"kv_producer\" (prefill) | \"kv_consumer\" "
+                                  "(decode) | \"kv_both\", \"kv_ip\": \"127.0.0.1\", \"kv_port\": 14579} "
+                                  "(default: off). See docs/disaggregation.md."})
+    disaggregation_mode: str | None = field(default=None, metadata={"help": "SGLang's spelling of the role: "
+                                            "prefill (= kv_role kv_producer) or decode (= kv_consumer), with the "
+                                            "built-in connector."})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
@@ -244,6 +252,7 @@ class ServerArgs:
                                       ParallelConfig, SchedulerConfig)
         from rapid_llm.config.eplb_config import EPLBConfig
         from rapid_llm.config.generation_defaults import generation_defaults
+        from rapid_llm.config.kv_transfer_config import KVTransferConfig
         from rapid_llm.config.speculative_config import SpeculativeConfig
         from rapid_llm.models.registry import check_supported
         from rapid_llm.utils.demo_checkpoint import packaged_demo_name
@@ -272,6 +281,9 @@ class ServerArgs:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
                              "split sizes are not compiled; drop one of the flags")
         parallel.check_model(model)
+        kv_transfer = KVTransferConfig.parse(self.kv_transfer_config, self.disaggregation_mode)
+        if kv_transfer is not None:
+            self._check_disaggregation(kv_transfer, parallel, speculative)
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
@@ -296,6 +308,7 @@ class ServerArgs:
             watchdog_timeout=self.watchdog_timeout,
             speculative=speculative,
             itl_target_ms=self.itl_target_ms,
+            kv_transfer=kv_transfer,
         )
         return EngineConfig(
             model=model,
@@ -313,6 +326,18 @@ class ServerArgs:
             parallel=parallel,
         )
 
+
+    def _check_disaggregation(self, kv_transfer: Any, parallel: Any, speculative: Any) -> None:
+        """What the built-in KV transfer cannot do yet, refused at start with the reason."""
+        if parallel.tensor_parallel_size > 1 or parallel.data_parallel_size > 1 or parallel.nnodes > 1:
+            raise ValueError("--kv-transfer-config with tensor, data or multi-node parallelism: the transfer agent "
+                             "moves one rank's cache; run each prefill and decode instance on one rank")
+        if kv_transfer.is_consumer and not self.enable_prefix_caching:
+            raise ValueError("--kv-transfer-config kv_role kv_consumer needs prefix caching: loaded blocks are taken "
+                             "as prefix hits; drop --disable-prefix-caching")
+        if speculative is not None and speculative.method != "ngram":
+            raise ValueError(f"--kv-transfer-config with --speculative-config method {speculative.method!r}: a "
+                             "proposer model's own KV is not transferred; use method ngram or no speculation")
 
     def op_backends(self) -> dict[str, str]:
         """The op -> backend overrides: RAPID_LLM_OP_BACKEND, then --op-backend and --attention-backend

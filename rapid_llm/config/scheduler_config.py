@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from rapid_llm.config.kv_transfer_config import KVTransferConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 
 # As SGLang's --watchdog-timeout: long enough for one big prefill step on a CPU.
@@ -26,7 +27,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     `recurrent_state` is filled in from the worker: some layers keep per-request state (a state cache group), so
     beam search is refused, and a prefix hit also needs a snapshot of the state at its end: `state_snapshots`
     (from the worker) is how many it keeps (0: no hits; scheduler_proc/prefix_cache.py), taken every
-    `state_snapshot_interval` blocks of a prompt and at its last block boundary.
+    `state_snapshot_interval` blocks of a prompt and at its last block boundary. `kv_transfer` (None: colocated)
+    makes the instance a prefill and/or decode instance of a disaggregated deployment (docs/disaggregation.md).
     """
 
     max_model_len: int
@@ -46,6 +48,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S
     speculative: SpeculativeConfig | None = None
     itl_target_ms: float | None = None
+    kv_transfer: KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.

@@ -10,10 +10,11 @@ Usage:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
+
+from rapid_llm.config.json_flag import convert_json_flag
 
 FLAG = "--speculative-config"
 
@@ -65,16 +66,4 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         """A JSON object (the flag) or a dict (the offline `LLM`); None leaves speculation off."""
         if value is None:
             return None
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{FLAG} is not valid JSON: {error}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{FLAG} must be a JSON object, got {type(value).__name__}")
-        try:
-            return msgspec.convert(value, cls)
-        except msgspec.ValidationError as error:
-            # msgspec names the field: "Object contains unknown field `x`", "... - at `$.num_speculative_tokens`",
-            # and passes the messages of __post_init__ through.
-            raise ValueError(f"{FLAG}: {error}") from None
+        return convert_json_flag(value, cls, FLAG)

@@ -157,4 +157,5 @@ def _delta(
         error=update.error,
         error_kind=update.error_kind,
         embedding=update.embedding,
+        kv_transfer_params=update.kv_transfer_params,
     )

@@ -16,6 +16,7 @@ import msgspec
 from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.structured_request import ResponseFormat, StructuredOutputsRequest, structured_outputs_of
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
 from rapid_llm.sampling.params import SamplingParamsError, StructuredOutputsParams
 
 _ERROR_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -75,6 +76,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     early_stopping: bool | Literal["never"] | None = False
     # vLLM's: the prompt's and each choice's token ids in the response (the routes' docstrings give the shape).
     return_token_ids: bool | None = False
+    # vLLM's prefill/decode disaggregation fields (docs/disaggregation.md); the response carries the same object.
+    kv_transfer_params: KVTransferParams | None = None
 
     def __post_init__(self) -> None:
         for name, default in self.null_means.items():
@@ -163,6 +166,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
             beam_width=self.best_of if self.use_beam_search else None,
             length_penalty=self.length_penalty,
             early_stopping=self.early_stopping,
+            kv_transfer_params=self.kv_transfer_params,
             **{name: value for name, value in resolved.items() if value is not None},
         )
         try:

@@ -273,12 +273,17 @@ class Serving:
         completion_tokens = sum(len(out.token_ids) for out in outputs)
         if body.ranks_choices:
             outputs = best_choices(outputs, n, body.n)
-        return {
+        response = {
             **envelope,
             "choices": [fmt.choice(i, out) for i, out in enumerate(outputs)],
             "usage": usage(num_prompt_tokens, completion_tokens, cached_tokens),
             **fmt.response_fields,
         }
+        if body.kv_transfer_params is not None:
+            # vLLM's: a prefill instance's answer names where its KV waits (one prompt, one choice).
+            kept = outputs[0].kv_transfer_params
+            response["kv_transfer_params"] = None if kept is None else msgspec.to_builtins(kept)
+        return response
 
     def _cached_tokens(self, per_choice: list[int], n: int) -> int | None:
         """Cached prompt tokens for the usage object; None when the engine has no prefix cache."""

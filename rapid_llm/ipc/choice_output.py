@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rapid_llm.ipc.messages import BeamSequence, TextDelta, TokenLogprobs
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
 
 
 @dataclass
@@ -25,6 +26,7 @@ class ChoiceOutput:
     error: str | None = None  # why the engine aborted the request (finish_reason "abort"), if it did
     beams: list[BeamSequence] = field(default_factory=list)  # a finished beam search's n best, best first
     embedding: list[float] = field(default_factory=list)  # a pooling request's pooled prompt
+    kv_transfer_params: KVTransferParams | None = None  # where a decode instance reads the prompt's KV
 
     @classmethod
     def from_beam(cls, beam: BeamSequence, num_cached_tokens: int) -> "ChoiceOutput":
@@ -51,6 +53,7 @@ class ChoiceOutput:
             self.stop_reason = delta.stop_reason
             self.error = delta.error
             self.beams = delta.beams
+            self.kv_transfer_params = delta.kv_transfer_params
         # Engines may report the count on any delta; the largest is the final one.
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
 

@@ -1,7 +1,8 @@
 """Every message that crosses a process boundary, as msgspec Structs (no pickle anywhere).
 
 Flow: frontend -> scheduler (GenerateRequest, GenerateBatch, AbortRequest, FlushCache); scheduler -> worker ranks
-(StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> detokenizer
+(StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> rank 0's KV transfer agent
+(KVLease, KVLoad) and back (KVTransferEvents, on the workers' channel); scheduler -> detokenizer
 (TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats,
 FlushCacheResult).
 Scheduler -> worker traffic carries per-step deltas (new requests, tokens to compute, new blocks,
@@ -15,6 +16,7 @@ from typing import Literal
 import msgspec
 
 from rapid_llm.sampling import SamplingParams
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
 
 # Why the engine ended a request with finish_reason "abort" and an error: refused at admission for
 # its parameters, refused because the waiting queue is full, or failed inside the worker.
@@ -139,6 +141,40 @@ class Shutdown(_Message):
     pass
 
 
+# ---- scheduler -> KV transfer agent (worker rank 0) and back -----------------------------------
+
+
+class KVLease(_Message):
+    """Serve blocks `block_ids` (held by the scheduler until the lease ends) to one reader of `transfer_id`."""
+
+    transfer_id: str
+    block_ids: list[int]
+    ttl_s: float
+
+
+class KVLoad(_Message):
+    """Read blocks [first_block, first_block + len(block_ids)) of the producer's lease `transfer_id` at `address`
+    into `block_ids` (which no step touches until the scheduler hears back); no blocks: release the lease."""
+
+    transfer_id: str
+    address: str
+    block_ids: list[int]
+    first_block: int
+    deadline_s: float
+
+
+class KVTransferEnded(_Part):
+    """A lease ended ("done", "released", "expired") or a load did ("loaded", "failed", with the reason)."""
+
+    transfer_id: str
+    status: Literal["done", "released", "expired", "loaded", "failed"]
+    reason: str = ""
+
+
+class KVTransferEvents(_Message):
+    events: list[KVTransferEnded]
+
+
 # ---- worker -> scheduler ---------------------------------------------------------------------
 
 
@@ -258,6 +294,8 @@ class TokenUpdate(_Part):
     # A finished beam search: its n best beams, best first (token_ids then stays empty).
     beams: list[BeamSequence] = []
     embedding: list[float] = []  # a pooling request's pooled prompt (PooledPrompt.values), sent once
+    # On the final update of a request that asked do_remote_decode: where a decode instance reads its prompt's KV.
+    kv_transfer_params: KVTransferParams | None = None
 
 
 class TokenBatch(_Message):
@@ -283,6 +321,7 @@ class TextDelta(_Part):
     error_kind: ErrorKind | None = None
     beams: list[BeamSequence] = []  # as TokenUpdate.beams, with their text
     embedding: list[float] = []  # as TokenUpdate.embedding
+    kv_transfer_params: KVTransferParams | None = None  # as TokenUpdate.kv_transfer_params
 
 
 class TextBatch(_Message):
@@ -317,4 +356,5 @@ class FlushCacheResult(_Message):
 FrontendToScheduler = GenerateRequest | GenerateBatch | AbortRequest | FlushCache
 SchedulerToFrontend = SchedulerStats | FlushCacheResult
 SchedulerToWorker = StepPlan | Shutdown
-WorkerToScheduler = WorkerReady | WorkerFailed | StepResult
+SchedulerToKVAgent = KVLease | KVLoad
+WorkerToScheduler = WorkerReady | WorkerFailed | StepResult | KVTransferEvents

@@ -12,6 +12,8 @@ import math
 
 import msgspec
 
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
+
 MAX_LOGPROBS = 20
 MAX_N = 128  # OpenAI's limit on choices per request
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -89,6 +91,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     # Embeddings: the prompt's final hidden states pooled into one vector ("last" token or "mean" of all), sent
     # back with the first sampled token (worker_proc/prompt_pooling.py); None for plain generation.
     pooling: str | None = None
+    # Prefill/decode disaggregation (docs/disaggregation.md): keep the prompt's KV for a decode instance, or start
+    # from KV a prefill instance kept; None for a colocated request.
+    kv_transfer_params: KVTransferParams | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -150,11 +155,23 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamsError("pooling", f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         if self.use_beam_search:
             self._validate_beam_search()
+        if self.kv_transfer_params is not None:
+            self._validate_kv_transfer()
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
         return self
+
+    def _validate_kv_transfer(self) -> None:
+        try:
+            self.kv_transfer_params.check()
+        except ValueError as error:
+            raise SamplingParamsError("kv_transfer_params", str(error)) from None
+        if self.kv_transfer_params.do_remote_decode and (self.n != 1 or self.use_beam_search):
+            # One lease per prompt: the decode instance fans the choices out from the one prefill.
+            raise SamplingParamsError("kv_transfer_params", "kv_transfer_params with do_remote_decode needs n = 1 "
+                                      "and no beam search (send n to the decode instance)")
 
     def _validate_beam_search(self) -> None:
         """Beam search ranks raw log-softmax scores (HF's do_sample=False): nothing may change the distribution."""

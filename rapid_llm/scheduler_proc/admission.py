@@ -47,10 +47,22 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
                 raise RequestRejected(f"request {request_id}: {name} must be in [0, {vocab_size})")
     if request.params.use_beam_search:
         check_beam_search(request, config)
+    if request.params.kv_transfer_params is not None:
+        check_kv_transfer(request, config)
     limit = config.max_waiting_requests
     if limit is not None and num_waiting >= limit:
         raise RequestRejected(f"request {request_id}: the waiting queue is full ({limit} requests); "
                               "retry later", kind="queue_full")
+
+
+def check_kv_transfer(request: GenerateRequest, config: SchedulerConfig) -> None:
+    """A remote decode needs a producer instance, a remote prefill a consumer (docs/disaggregation.md)."""
+    remote, role = request.params.kv_transfer_params, config.kv_transfer
+    needed = "kv_producer" if remote.do_remote_decode else "kv_consumer" if remote.do_remote_prefill else None
+    if needed == "kv_producer" and (role is None or not role.is_producer) or \
+            needed == "kv_consumer" and (role is None or not role.is_consumer):
+        raise RequestRejected(f"request {request.request_id}: kv_transfer_params asks for a {needed} instance; this "
+                              f"one was started {'without --kv-transfer-config' if role is None else role.kv_role}")
 
 
 def check_beam_search(request: GenerateRequest, config: SchedulerConfig) -> None:

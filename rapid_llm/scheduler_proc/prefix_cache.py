@@ -42,10 +42,7 @@ class PrefixCache:
     def lookup(self, request: RequestState) -> list[int]:
         """The cached blocks a waiting request can start from (not taken yet): the same number of entries in each KV
         table, table 0's first; FREED_BLOCK where a windowed table need not hold the block (behind its window)."""
-        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too)
-        # and no hidden states for mean pooling.
-        if (not self.enabled or not self.hits_possible or request.params.prompt_logprobs is not None
-                or request.params.pooling == "mean"):
+        if not self.serves(request):
             return []
         # At least one token is always computed, so that the step has logits to sample from; a
         # block that token falls in is written, and a block being written is never shared.
@@ -69,6 +66,13 @@ class PrefixCache:
                 first = self.first_read(table, num_hits)
                 hits += [FREED_BLOCK] * first + windowed[table][first:num_hits]
         return hits
+
+    def serves(self, request: RequestState) -> bool:
+        """Whether the request may start from cached blocks at all."""
+        # Cached tokens are never computed, so they would have no prompt logprobs (vLLM skips the cache too)
+        # and no hidden states for mean pooling.
+        return (self.enabled and self.hits_possible and request.params.prompt_logprobs is None
+                and request.params.pooling != "mean")
 
     def _holds(self, num_hits: int, windowed: dict[int, list[int | None]], hashes: list[BlockHash]) -> bool:
         if any(None in found[self.first_read(table, num_hits):num_hits] for table, found in windowed.items()):

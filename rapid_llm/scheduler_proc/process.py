@@ -26,6 +26,7 @@ from rapid_llm.ipc.messages import (
     FrontendToScheduler,
     GenerateBatch,
     GenerateRequest,
+    KVTransferEvents,
     SchedulerStats,
     Shutdown,
     StepResult,
@@ -59,6 +60,7 @@ class SchedulerLoop:
         self.workers = [Sender(context, address) for address in paths.scheduler_to_workers]
         self.detokenizer = Sender(context, paths.scheduler_to_detokenizer)
         self.frontend = Sender(context, paths.scheduler_to_frontend)
+        self.kv_agent = Sender(context, paths.scheduler_to_kv_agent) if config.kv_transfer is not None else None
         ready = self.results.recv()
         if isinstance(ready, WorkerFailed):
             raise WorkerFailedError(ready.error)
@@ -82,6 +84,7 @@ class SchedulerLoop:
     def run(self) -> None:
         while True:
             self._drain_requests()
+            self._exchange_kv()
             while self.scheduler.num_inflight_steps < self.depth:
                 was_idle = self.scheduler.num_inflight_steps == 0
                 plan = self.scheduler.schedule()
@@ -126,9 +129,16 @@ class SchedulerLoop:
         except DuplicateRequestId as error:
             logger.warning("ignored request %s: %s", request.request_id, error)
 
-    def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult) -> None:
+    def _exchange_kv(self, message: KVTransferEvents | None = None) -> None:
+        """Loads and leases to the transfer agent (prefill/decode disaggregation), its events back."""
+        for command in self.scheduler.exchange_kv(message.events if message is not None else ()):
+            self.kv_agent.send(command)
+
+    def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult | KVTransferEvents) -> None:
         if isinstance(message, WorkerFailed):
             raise WorkerFailedError(f"worker failed: {message.error}")
+        if isinstance(message, KVTransferEvents):
+            self._exchange_kv(message)
         if isinstance(message, StepResult):
             self._collectives = (message.collective_seconds, message.collective_calls)
             self.scheduler.process_result(message)
@@ -136,6 +146,8 @@ class SchedulerLoop:
             self._throughput.count_generated(len(message.token_ids))
 
     def _publish(self) -> None:
+        # Leases first: a decode instance may ask for one as soon as the output naming it is out.
+        self._exchange_kv()
         outputs = self.scheduler.take_outputs()
         if outputs is not None:
             self.detokenizer.send(outputs)

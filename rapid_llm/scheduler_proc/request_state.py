@@ -14,6 +14,7 @@ import enum
 import time
 
 from rapid_llm.ipc.messages import BeamSequence, ErrorKind, GenerateRequest, TokenLogprobs, TokenUpdate
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.step_policy import PLAIN, StepPolicy
 from rapid_llm.utils.block_hash import BlockHash, hash_block
@@ -24,6 +25,7 @@ FREED_BLOCK = -1
 
 
 class RequestStatus(enum.Enum):
+    LOADING = enum.auto()  # staged until a prefill instance's KV is loaded (remote_kv.py)
     WAITING = enum.auto()
     RUNNING = enum.auto()
     FINISHED = enum.auto()
@@ -80,6 +82,7 @@ class RequestState:
         self.beam: BeamGroup | None = None
         self.policy: StepPolicy = PLAIN  # what it asks of each step; the scheduler sets it on arrival
         self.beam_outputs: list[BeamSequence] = []
+        self.kv_transfer_out: KVTransferParams | None = None  # a prefill instance's lease, for the final update
 
     @property
     def block_ids(self) -> list[int]:
@@ -236,6 +239,7 @@ class RequestState:
             error_kind=self.error_kind,
             beams=self.beam_outputs,
             embedding=self.unsent_embedding,
+            kv_transfer_params=self.kv_transfer_out if self.finish_reason is not None else None,
         )
         self._unsent_token_ids = []
         self._unsent_logprobs = []

@@ -25,7 +25,8 @@ from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.plan_record import PlanDraft, StepRecord
 from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState, RequestStatus
 from rapid_llm.scheduler_proc.step_cost import PrefillAllowance, step_features
-from rapid_llm.scheduler_proc.step_policy import BEAM, PLAIN, SPECULATIVE, StepAsk, StepPolicy
+from rapid_llm.scheduler_proc.step_policy import (BEAM, PLAIN, REMOTE_DECODE, SPECULATIVE, RemotePrefillPolicy, StepAsk,
+                                                  StepPolicy)
 from rapid_llm.scheduler_proc.step_results import StepResults
 from rapid_llm.spec_decode.eligibility import speculation_blocker
 
@@ -48,12 +49,19 @@ class Scheduler(StepResults):
             state.beam = BeamGroup(request.params, max_new_tokens, self.config.eos_token_ids)
         if self._speculation is not None:
             blocker = speculation_blocker(request.params)
-            state.speculates = blocker is None
+            # A prefill instance's request samples one token: nothing to draft for.
+            remote = request.params.kv_transfer_params
+            state.speculates = blocker is None and not (remote is not None and remote.do_remote_decode)
             if blocker is not None:
                 logger.debug("request %s decodes without speculation: %s", request.request_id, blocker)
         state.policy = self.policy_for(state)
         self._requests[request.request_id] = state
-        self._waiting.append(state)
+        remote = request.params.kv_transfer_params
+        if remote is not None and remote.do_remote_prefill:
+            state.status = RequestStatus.LOADING
+            self.remote_kv.stage(state, remote)
+        else:
+            self._waiting.append(state)
         self._detokenize_requests.append(
             DetokenizeRequest(
                 request_id=request.request_id,
@@ -143,9 +151,11 @@ class Scheduler(StepResults):
 
     def policy_for(self, request: RequestState) -> StepPolicy:
         """The step policy a new request runs under (step_policy.py)."""
-        if request.beam is not None:
-            return BEAM
-        return SPECULATIVE if request.speculates else PLAIN
+        remote = request.params.kv_transfer_params
+        if remote is not None and remote.do_remote_decode:
+            return REMOTE_DECODE
+        policy = BEAM if request.beam is not None else SPECULATIVE if request.speculates else PLAIN
+        return RemotePrefillPolicy(policy) if remote is not None and remote.do_remote_prefill else policy
 
     def chunk_ask(self, request: RequestState, num_new: int) -> StepAsk:
         """`num_new` tokens after the request's computed ones, with the blocks they need."""

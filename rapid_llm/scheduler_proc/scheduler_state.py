@@ -16,10 +16,12 @@ import logging
 from collections import deque
 
 from rapid_llm.config.scheduler_config import SchedulerConfig
-from rapid_llm.ipc.messages import DetokenizeRequest, Rollback, SchedulerStats, TokenBatch
+from rapid_llm.ipc.messages import (DetokenizeRequest, KVLease, KVLoad, KVTransferEnded, Rollback, SchedulerStats,
+                                    TokenBatch)
 from rapid_llm.scheduler_proc.block_manager import BlockManager
 from rapid_llm.scheduler_proc.plan_record import StepRecord
 from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
+from rapid_llm.scheduler_proc.remote_kv import RemoteKV
 from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 from rapid_llm.scheduler_proc.speculation import Speculation
 from rapid_llm.scheduler_proc.step_cost import StepCostModel
@@ -45,6 +47,9 @@ class SchedulerState:
                     f"table(s) ({needed})")
             raise ValueError(f"the KV cache holds {capacity} tokens, fewer than {what}; "
                              "lower --max-model-len or give the KV cache more memory")
+        if config.kv_transfer is not None and (len(config.kv_windows) > 1 or config.recurrent_state):
+            raise ValueError("--kv-transfer-config with a model of sliding-window and full layers or recurrent state: "
+                             "the built-in transfer moves one KV table's blocks, not several tables or states")
         self.config = config
         self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
         self._prefix_cache = PrefixCache(self._blocks, config)
@@ -63,6 +68,8 @@ class SchedulerState:
         self._rollbacks: dict[int, Rollback] = {}  # slot -> cut the next plan tells the worker
         self._step_cost = StepCostModel()
         self._itl_target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
+        self.remote_kv = (None if config.kv_transfer is None else
+                          RemoteKV(config.kv_transfer, self._blocks, self._prefix_cache, config.block_size))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request is unfinished."""
@@ -109,12 +116,13 @@ class SchedulerState:
     def _finish(self, request: RequestState, finish_reason: str, stop_reason: int | None) -> None:
         if request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
-        else:
+        elif request.status is RequestStatus.RUNNING:
             self._running.remove(request)
-        request.policy.release(self, request)
+        # Set before the release: a prefill instance's policy leases the prompt's blocks when it ended by length.
         request.status = RequestStatus.FINISHED
         request.finish_reason = finish_reason
         request.stop_reason = stop_reason
+        request.policy.release(self, request)
         del self._requests[request.request_id]
         self._updated[request] = None
 
@@ -130,6 +138,20 @@ class SchedulerState:
             heapq.heappush(self._free_slots, slot)
             self._released_slots.append(slot)
             self._rollbacks.pop(slot, None)
+
+    # ---- prefill/decode disaggregation (remote_kv.py) -----------------------------------------
+
+    def exchange_kv(self, events: list[KVTransferEnded] = ()) -> list[KVLease | KVLoad]:
+        """Take the transfer agent's events, queue the requests whose load ended, advance staged loads, and
+        return the commands for the agent (none without --kv-transfer-config)."""
+        if self.remote_kv is None:
+            return []
+        oldest = self._inflight[0].step_id if self._inflight else None
+        for request in self.remote_kv.on_events(list(events)) + self.remote_kv.advance(self._next_step_id, oldest):
+            request.status = RequestStatus.WAITING
+            self._waiting.append(request)
+        commands, self.remote_kv.commands = self.remote_kv.commands, []
+        return commands
 
     # ---- outputs and introspection -----------------------------------------------------------
 
@@ -148,7 +170,7 @@ class SchedulerState:
         counters = self._speculation.counters if self._speculation is not None else None
         return SchedulerStats(
             num_running=len(self._running),
-            num_waiting=len(self._waiting),
+            num_waiting=len(self._waiting) + (self.remote_kv.num_loading_requests if self.remote_kv else 0),
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             num_preemptions=self._num_preemptions,
@@ -172,4 +194,5 @@ class SchedulerState:
         return self._inflight[0].step_id if self._inflight else None
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._waiting or self._running)
+        """Requests waiting, loading or running, or blocks leased to a decode instance."""
+        return bool(self._waiting or self._running or (self.remote_kv is not None and self.remote_kv.busy()))

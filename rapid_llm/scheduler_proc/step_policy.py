@@ -7,10 +7,11 @@ Each result: `take` per sampled slot, then `end_step` once all are taken. Resour
 `free_behind_window`, `release` (at the end or a preemption). Plain decoding asks for the next prompt chunk or one
 token; speculative decoding one token plus drafts (nothing while its previous drafts' accepted count is unknown);
 beam search holds W slots from admission, asks for one token per beam once its prompt is done (nothing while a
-round is in flight), collects every beam's logprobs in `take` and ranks the round in `end_step`. Key design choice:
-a new lifecycle (e.g. a request whose KV a remote prefill fills: blocks at admission, no decode before the KV
-arrives) is a new policy returned by `Scheduler.policy_for`, not a branch in the loops. Usage: the scheduler
-calls these; a policy moves requests with the scheduler's public methods (`add_chunk`, `add_tokens`, ...).
+round is in flight), collects every beam's logprobs in `take` and ranks the round in `end_step`. Disaggregation: a
+prefill instance's request leases its prompt's blocks when it ends; a decode instance's is staged until its KV is
+loaded, then admitted as a prefix hit. Key design choice: a new lifecycle is a new policy returned by
+`Scheduler.policy_for`, not a branch in the loops. Usage: the scheduler calls these; a policy moves requests with the
+scheduler's public methods (`add_chunk`, `add_tokens`, ...).
 """
 
 from __future__ import annotations
@@ -169,6 +170,39 @@ class BeamPolicy(StepPolicy):
         scheduler.advance_beams(request)
 
 
+class RemoteDecodePolicy(StepPolicy):
+    """Plain decoding on a prefill instance; a request that ends by length (its prompt computed) first leases its
+    prompt's full blocks to a decode instance (remote_kv.py), then releases the rest."""
+
+    def release(self, scheduler: Scheduler, request: RequestState) -> None:
+        if request.finish_reason == "length":
+            request.kv_transfer_out = scheduler.remote_kv.lease(request)
+        super().release(scheduler, request)
+
+
+class RemotePrefillPolicy(StepPolicy):
+    """A decode instance's request whose prompt KV a prefill instance computed: staged until the load ends
+    (remote_kv.py), then admitted as `inner` admits it (the loaded blocks are prefix hits), and `inner` from then on."""
+
+    def __init__(self, inner: StepPolicy) -> None:
+        self.inner = inner
+
+    def admit(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft) -> StepAsk | None:
+        return self.inner.admit(scheduler, request, draft)
+
+    def start(self, scheduler: Scheduler, request: RequestState, draft: PlanDraft, ask: StepAsk,
+              slots: list[int]) -> None:
+        # The hits are taken (shared) before `start`: the load's pin on them can go.
+        request.policy = self.inner
+        scheduler.remote_kv.admitted(request)
+        self.inner.start(scheduler, request, draft, ask, slots)
+
+    def release(self, scheduler: Scheduler, request: RequestState) -> None:
+        scheduler.remote_kv.drop(request)
+        self.inner.release(scheduler, request)
+
+
 PLAIN = StepPolicy()
 SPECULATIVE = SpeculativePolicy()
 BEAM = BeamPolicy()
+REMOTE_DECODE = RemoteDecodePolicy()

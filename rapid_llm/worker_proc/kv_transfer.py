@@ -1,12 +1,14 @@
-"""KV blocks from one instance's paged cache into another's over ZeroMQ: the built-in transfer that prefill/decode
-disaggregation is to be built on (issue 32; not wired into the server yet).
+"""KV blocks from one instance's paged cache into another's over ZeroMQ: the built-in transfer of prefill/decode
+disaggregation (the ZmqConnector; worker_proc/kv_agent.py runs it in the worker).
 
 The producer leases blocks under a transfer id and serves them to one reader, distinct tensor by distinct tensor
 (so a reader holds one tensor's blocks at a time), until the reader confirms, releases, or the lease expires. The
-consumer reads them into blocks of its own. Key design choice: the producer's one serving loop owns every lease
-and checks expiry where it serves reads, so blocks handed back (and reusable) are never read afterwards; a load has
-one deadline over connecting, every tensor and the confirmation, and always ends with a result, so nothing waits
-on a peer that went away. Both sides refuse a cache of another layout (`KVCache.layout_id`).
+consumer reads them (all, or those from `first_block` on: the rest it has cached) into blocks of its own. Key design
+choice: the producer's one serving loop owns every lease and checks expiry where it serves reads, so blocks handed
+back (and reusable) are never read afterwards; a read that arrives just before its lease (the lease and the answer
+naming it take different paths) waits a short grace; a load has one deadline over connecting, every tensor and the
+confirmation, and always ends with a result, so nothing waits on a peer that went away. Both sides refuse a cache
+of another layout (`KVCache.layout_id`).
 Usage (producer): `sender = KVSender(cache, "tcp://127.0.0.1:5600"); sender.lease("t1", block_ids, ttl_s=30)`,
 then `sender.serve(timeout_ms)` in its loop returns the leases that ended, (id, "done" | "released" | "expired").
 Usage (consumer): `KVReceiver(cache).load("tcp://127.0.0.1:5600", "t1", block_ids, deadline_s=10)` (raises
@@ -27,6 +29,7 @@ from rapid_llm.worker_proc.kv_cache import KVCache
 
 _READ, _DONE, _RELEASE = b"read", b"done", b"release"
 _TENSOR, _END, _GONE = b"tensor", b"end", b"gone"
+UNKNOWN_LEASE_GRACE_S = 2.0
 
 
 @dataclass
@@ -45,6 +48,12 @@ class KVSender:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)
         self._leases: dict[str, _Lease] = {}
+        self._early_reads: list[tuple[float, bytes, dict]] = []  # (give up at, reader, request) for unknown leases
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """What readers reach; poll it beside other sockets, then `serve(0)`."""
+        return self._socket
 
     @property
     def leased(self) -> dict[str, list[int]]:
@@ -54,6 +63,10 @@ class KVSender:
         if transfer_id in self._leases:
             raise ValueError(f"KV transfer {transfer_id!r} is already leased")
         self._leases[transfer_id] = _Lease(list(block_ids), time.monotonic() + ttl_s)
+        early = [read for read in self._early_reads if read[2].get("transfer_id") == transfer_id]
+        self._early_reads = [read for read in self._early_reads if read[2].get("transfer_id") != transfer_id]
+        for _, reader, request in early:
+            self._serve_read(reader, request)
 
     def serve(self, timeout_ms: int) -> list[tuple[str, str]]:
         """Answer what readers sent within `timeout_ms`; the leases that ended (confirmed, released, expired)."""
@@ -69,7 +82,17 @@ class KVSender:
         for transfer_id in [tid for tid, lease in self._leases.items() if lease.expires_at <= now]:
             del self._leases[transfer_id]
             ended.append((transfer_id, "expired"))
+        late = [read for read in self._early_reads if read[0] <= now]
+        self._early_reads = [read for read in self._early_reads if read[0] > now]
+        for _, reader, request in late:
+            self._reply(reader, _GONE, {"reason": f"no lease {request.get('transfer_id')!r} (never made, ended or "
+                                                  "expired)"})
         return ended
+
+    def next_deadline_s(self) -> float | None:
+        """Seconds until the next lease expires or an early read gives up (None: nothing pending)."""
+        times = [lease.expires_at for lease in self._leases.values()] + [read[0] for read in self._early_reads]
+        return None if not times else max(0.0, min(times) - time.monotonic())
 
     def close(self) -> None:
         self._socket.close()
@@ -88,18 +111,30 @@ class KVSender:
             return [(transfer_id, "done" if kind == _DONE else "released")]
         if kind != _READ:
             return []
+        if lease is None:
+            self._early_reads.append((time.monotonic() + UNKNOWN_LEASE_GRACE_S, reader, request))
+        else:
+            self._serve_read(reader, request)
+        return []
+
+    def _serve_read(self, reader: bytes, request: dict) -> None:
+        transfer_id = request.get("transfer_id")
+        lease = self._leases.get(transfer_id)
+        first = request.get("first_block", 0)
         if lease is None or lease.expires_at <= time.monotonic():
             self._reply(reader, _GONE, {"reason": f"no lease {transfer_id!r} (never made, ended or expired)"})
         elif request.get("layout_id") != self._layout:
             self._reply(reader, _GONE, {"reason": f"the caches differ in layout ({request.get('layout_id')} here "
                                                   f"{self._layout})"})
+        elif not isinstance(first, int) or not 0 <= first <= len(lease.block_ids):
+            self._reply(reader, _GONE, {"reason": f"first_block {first!r} is outside the lease's "
+                                                  f"{len(lease.block_ids)} blocks"})
         else:
             for tensor in range(self.cache.num_tensors):
-                data = self.cache.read_blocks(tensor, lease.block_ids)
+                data = self.cache.read_blocks(tensor, lease.block_ids[first:])
                 self._socket.send_multipart([reader, _TENSOR, msgspec.msgpack.encode({"tensor": tensor}),
                                              memoryview(data.numpy())], copy=False)
             self._reply(reader, _END, {"tensors": self.cache.num_tensors})
-        return []
 
     def _reply(self, reader: bytes, kind: bytes, body: dict) -> None:
         self._socket.send_multipart([reader, kind, msgspec.msgpack.encode(body)])
@@ -116,22 +151,34 @@ class KVReceiver:
         self.cache = cache
         self._context = context or zmq.Context.instance()
 
-    def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float) -> None:
-        """Read lease `transfer_id` from the producer at `address` into `block_ids` (as many as it leased), then
-        confirm; raises KVLoadError when it cannot by the deadline (the blocks' content is then undefined)."""
+    def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float,
+             first_block: int = 0) -> None:
+        """Read lease `transfer_id`'s blocks from `first_block` on (all the rest) from the producer at `address` into
+        `block_ids`, then confirm; raises KVLoadError when it cannot by the deadline (the blocks' content is then
+        undefined)."""
         deadline = time.monotonic() + deadline_s
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         try:
             socket.connect(address)
             socket.send_multipart([_READ, msgspec.msgpack.encode({"transfer_id": transfer_id,
-                                                                  "layout_id": self.cache.layout_id()})])
+                                                                  "layout_id": self.cache.layout_id(),
+                                                                  "first_block": first_block})])
             try:
                 self._receive(socket, transfer_id, block_ids, deadline)
             except KVLoadError:
                 self._confirm(socket, _RELEASE, transfer_id, deadline)
                 raise
             self._confirm(socket, _DONE, transfer_id, deadline)
+        finally:
+            socket.close()
+
+    def release(self, address: str, transfer_id: str, deadline_s: float) -> None:
+        """Tell the producer its lease will not be read (its blocks go back at once instead of at expiry)."""
+        socket = self._context.socket(zmq.DEALER)
+        try:
+            socket.connect(address)
+            self._confirm(socket, _RELEASE, transfer_id, time.monotonic() + deadline_s)
         finally:
             socket.close()
 

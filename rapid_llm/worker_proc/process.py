@@ -12,7 +12,8 @@ result back would only delay the scheduler, so each result is sent at once.
 With tensor parallelism each rank first joins the torch.distributed group (rank r on cuda:r, or the CPU with
 the host's threads split between ranks); the ranks agree on the smallest KV-cache block count, which rank 0
 reports to the scheduler with the number of recurrent-state layers (cache_groups.py).
-`RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py).
+`RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py). With `--kv-transfer-config`, rank 0 also
+runs the KV transfer agent's thread (kv_agent.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, StepPlan, Worker
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
+from rapid_llm.worker_proc.kv_agent import KVAgent
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.step_profiler import step_profiler_from_env
 from rapid_llm.worker_proc.worker import PendingResult, Worker
@@ -68,10 +70,14 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
         num_blocks = tp_min(runner.num_blocks)
+        kv_transfer = config.scheduler.kv_transfer
+        agent = KVAgent(runner.kv_cache, kv_transfer, paths) if kv_transfer is not None and rank == 0 else None
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=num_blocks, kv_windows=runner.kv_cache.windows,
                                      num_state_layers=runner.cache_groups.num_state_layers,
                                      num_state_snapshots=runner.cache_groups.num_snapshots))
+        if agent is not None:
+            agent.start()
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
                              "state_cache_bytes": runner.cache_groups.state_bytes,

@@ -35,6 +35,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("processes", ["rapid_llm.scheduler_proc", "rapid_llm.worker_proc", "rapid_llm.detokenizer_proc",
                    "rapid_llm.frontend"]),
     ("entry", ["rapid_llm.server_args", "rapid_llm.entrypoints", "rapid_llm.launch_server", "rapid_llm.cli",
+               "rapid_llm.router",
                "rapid_llm.build_ops", "rapid_llm.lm_eval_tasks",
                "rapid_llm"]),
 ]

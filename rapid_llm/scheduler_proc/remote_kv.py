@@ -1,0 +1,191 @@
+"""The scheduler's half of the KV connector: leases on a prefill instance, staged loads on a decode instance.
+
+Producer: a request that asked `do_remote_decode` and ended by length (its prompt computed) leases its prompt's full
+blocks (one more reference each, so its own release frees only the rest) under a fresh transfer id; the agent serves
+them until the consumer confirms, releases or the lease expires, and the event frees them. Consumer: a request with
+`do_remote_prefill` is staged, not queued, so it never holds up first-come-first-served admission; its load takes
+the prompt's locally cached blocks (kept) and allocates the rest, and is sent to the agent only once every step
+planned before that allocation has reported (such a step may still write a block that was freed just before).
+Loaded blocks are registered in the prefix cache under the prompt's chained hashes and stay pinned until each of
+the load's requests (n choices share one load) is admitted, which then finds them as an ordinary prefix hit. Key
+design choice: a load that fails, times out or finds another prompt's hash only frees its blocks: its requests
+prefill locally, so a transfer fault costs time, never a request. Usage: the scheduler calls `lease` when a
+producer's request ends, `stage`, `advance` and `on_events` for loads, `admitted` / `drop` from the step policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from rapid_llm.config.kv_transfer_config import KVTransferConfig
+from rapid_llm.ipc.messages import KVLease, KVLoad, KVTransferEnded
+from rapid_llm.sampling.kv_transfer_params import KVTransferParams
+from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
+from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Load:
+    params: KVTransferParams
+    requests: list[RequestState]
+    held: list[int] = field(default_factory=list)  # local hits, then the blocks being written; one reference each
+    num_local: int = 0  # leading blocks of `held` found cached here (not loaded)
+    ready_after_step: int | None = None  # set once blocks are held: steps before it must report first
+    sent: bool = False
+
+
+class RemoteKV:
+    def __init__(self, config: KVTransferConfig, blocks: BlockManager, prefix_cache: PrefixCache,
+                 block_size: int) -> None:
+        self.config = config
+        self.engine_id = config.engine_id or uuid.uuid4().hex[:12]
+        self._blocks = blocks
+        self._prefix_cache = prefix_cache
+        self._block_size = block_size
+        self._leases: dict[str, list[int]] = {}
+        self._loads: dict[str, _Load] = {}  # staged or being read, by transfer id
+        self._pinned: dict[str, _Load] = {}  # loaded, until each of its requests is admitted or ends
+        self.commands: list[KVLease | KVLoad] = []  # for the agent, taken by the process loop
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leases)
+
+    @property
+    def num_loading_requests(self) -> int:
+        return sum(len(load.requests) for load in self._loads.values())
+
+    def busy(self) -> bool:
+        """Whether blocks are leased, loading or pinned."""
+        return bool(self._leases or self._loads or self._pinned)
+
+    # ---- producer ------------------------------------------------------------------------------
+
+    def lease(self, request: RequestState) -> KVTransferParams | None:
+        """Keep the finished request's computed full prompt blocks for a consumer; what its response tells it
+        (None: nothing to lease, the consumer prefills locally)."""
+        num_blocks = min(request.num_prompt_tokens - 1, request.num_computed_tokens) // self._block_size
+        block_ids = request.block_ids[:num_blocks]
+        if num_blocks == 0 or FREED_BLOCK in block_ids:
+            return None
+        self._blocks.share(block_ids)
+        transfer_id = uuid.uuid4().hex
+        self._leases[transfer_id] = block_ids
+        self.commands.append(KVLease(transfer_id, block_ids, self.config.lease_ttl_s))
+        return KVTransferParams(do_remote_prefill=True, remote_engine_id=self.engine_id, remote_host=self.config.kv_ip,
+                                remote_port=self.config.kv_port, remote_block_ids=block_ids, transfer_id=transfer_id,
+                                last_block_hash=request.block_hashes(num_blocks)[num_blocks - 1].hex())
+
+    # ---- consumer ------------------------------------------------------------------------------
+
+    def stage(self, request: RequestState, params: KVTransferParams) -> None:
+        """Hold a request until its prompt's KV is loaded (or the load fails); choices of one prompt share a load."""
+        load = self._loads.get(params.transfer_id)
+        if load is None:
+            self._loads[params.transfer_id] = _Load(params, [request])
+        else:
+            load.requests.append(request)
+
+    def advance(self, next_step_id: int, oldest_inflight_step: int | None) -> list[RequestState]:
+        """Give staged loads their blocks and send those whose blocks no earlier step can write any more; the
+        requests that need no load (all cached here, another prompt) are returned, to be queued."""
+        ready: list[RequestState] = []
+        for transfer_id, load in list(self._loads.items()):
+            if load.ready_after_step is None and not self._hold_blocks(transfer_id, load, next_step_id):
+                if transfer_id not in self._loads:
+                    ready += load.requests
+                continue
+            if not load.sent and (oldest_inflight_step is None or oldest_inflight_step >= load.ready_after_step):
+                params = load.params
+                self.commands.append(KVLoad(transfer_id, params.address, load.held[load.num_local:], load.num_local,
+                                            self.config.load_timeout_s))
+                load.sent = True
+        return ready
+
+    def _hold_blocks(self, transfer_id: str, load: _Load, next_step_id: int) -> bool:
+        """Take the local hits and allocate the rest; False when the load is not needed (dropped, lease released)
+        or must wait for free blocks (kept)."""
+        lead, params = load.requests[0], load.params
+        num_remote = len(params.remote_block_ids)
+        max_blocks = (lead.num_tokens - 1) // self._block_size
+        if not self._prefix_cache.serves(lead):
+            # It would not start from the blocks (prompt logprobs, mean pooling): nothing to load.
+            self._end_unsent(transfer_id, load)
+            return False
+        if num_remote == 0 or num_remote > max_blocks or \
+                lead.block_hashes(num_remote)[num_remote - 1].hex() != params.last_block_hash:
+            logger.warning("KV transfer %s: the prefill instance's blocks are not this prompt's; prefilling locally",
+                           transfer_id)
+            self._end_unsent(transfer_id, load)
+            return False
+        hits = self._prefix_cache.lookup(lead)[:num_remote]
+        if len(hits) == num_remote:
+            self._end_unsent(transfer_id, load)
+            return False
+        num_new = num_remote - len(hits)
+        if not self._blocks.can_allocate(num_new + self._blocks.num_unreferenced(hits)):
+            return False
+        self._blocks.share(hits)
+        load.held = hits + self._blocks.allocate(num_new)
+        load.num_local = len(hits)
+        load.ready_after_step = next_step_id
+        return True
+
+    def _end_unsent(self, transfer_id: str, load: _Load) -> None:
+        """A load that will not be read: its blocks go back, the producer's lease is released."""
+        del self._loads[transfer_id]
+        self._blocks.free(reversed(load.held))
+        load.held = []
+        self.commands.append(KVLoad(transfer_id, load.params.address, [], 0, self.config.load_timeout_s))
+
+    def on_events(self, events: list[KVTransferEnded]) -> list[RequestState]:
+        """Leases that ended free their blocks; loads that ended return their requests, to be queued."""
+        ready: list[RequestState] = []
+        for event in events:
+            if event.transfer_id in self._leases:
+                if event.status == "expired":
+                    logger.warning("KV transfer %s: no decode instance read it in %.0f s; its blocks are freed",
+                                   event.transfer_id, self.config.lease_ttl_s)
+                self._blocks.free(reversed(self._leases.pop(event.transfer_id)))
+                continue
+            load = self._loads.pop(event.transfer_id, None)
+            if load is None:
+                continue
+            if event.status == "loaded" and load.requests:
+                hashes = load.requests[0].block_hashes(len(load.held))
+                for index in range(load.num_local, len(load.held)):
+                    if self._blocks.cached_block(hashes[index]) is None:
+                        self._blocks.cache_block(load.held[index], hashes[index])
+                self._pinned[event.transfer_id] = load
+            else:
+                if event.status != "loaded":
+                    logger.warning("KV transfer %s failed (%s); %d request(s) prefill locally", event.transfer_id,
+                                   event.reason, len(load.requests))
+                self._blocks.free(reversed(load.held))
+            ready += load.requests
+        return ready
+
+    def admitted(self, request: RequestState) -> None:
+        """The request took its blocks as prefix hits: the load's pin on them is no longer needed for it."""
+        self.drop(request)
+
+    def drop(self, request: RequestState) -> None:
+        """The request no longer waits on its load (admitted, finished or aborted)."""
+        transfer_id = request.params.kv_transfer_params.transfer_id
+        load = self._loads.get(transfer_id) or self._pinned.get(transfer_id)
+        if load is None or request not in load.requests:
+            return
+        load.requests.remove(request)
+        if load.requests:
+            return
+        if transfer_id in self._pinned:
+            del self._pinned[transfer_id]
+            self._blocks.free(reversed(load.held))
+        elif not load.sent:
+            self._end_unsent(transfer_id, load)
+        # A load being read keeps its blocks until its event: the agent may be writing them.
