@@ -69,6 +69,14 @@ class _SchedulerCounters(Collector):
              self.stats.spec_decode_num_disables),
             ("spec_decode_num_gate_closes", "Times the speed gate turned speculation off: it measured no gain.",
              self.stats.spec_decode_num_gate_closes),
+            ("kv_transfer_loads", "Prompts whose KV a decode instance loaded from a prefill instance.",
+             self.stats.kv_transfer_loads),
+            ("kv_transfer_failures", "KV loads that failed or timed out (the prompt was prefilled locally).",
+             self.stats.kv_transfer_failures),
+            ("kv_transfer_bytes", "Bytes of KV loaded from prefill instances.", self.stats.kv_transfer_bytes),
+            ("kv_transfer_seconds", "Seconds the KV loads took, summed.", self.stats.kv_transfer_seconds),
+            ("kv_transfer_expired_leases", "Prefill instance's KV leases that no decode instance read in time.",
+             self.stats.kv_transfer_expired_leases),
         ):
             family = CounterMetricFamily(f"rapid_llm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)

@@ -157,6 +157,10 @@ async def prompt_inputs(serving: Serving, prompt: str | list[int | str | list[in
 async def create_completion(serving: Serving, request: Request) -> Response:
     body = await serving.parse(request, CompletionRequest)
     prompts = await prompt_inputs(serving, body.prompt, max(body.n, body.best_of or 0))
+    if len(prompts) > 1 and body.kv_transfer_params is not None:
+        # The answer names one lease: a prefill instance keeps one prompt's KV per request.
+        raise bad_request("kv_transfer_params takes one prompt per request, got a batch of "
+                          f"{len(prompts)}", param="kv_transfer_params")
     # Scoring a prompt alone still samples one token (which is dropped): the engine's steps end in a sample.
     requested_max_tokens = 1 if body.echo_only else body.max_tokens
     engine_prompts = []

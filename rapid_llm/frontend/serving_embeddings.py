@@ -34,10 +34,12 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     user: str | None = None  # accepted and ignored, as in vLLM
     normalize: bool = True  # vLLM's: false returns the pooled vector as it is
 
-    # What Serving.generate asks of any generation request: embeddings are never streamed nor ranked.
+    # What Serving.generate asks of any generation request: embeddings are never streamed nor ranked, nor
+    # disaggregated.
     stream = False
     ranks_choices = False
     include_usage = False
+    kv_transfer_params = None
 
     def structured_outputs_params(self) -> tuple[None, None]:
         return None, None

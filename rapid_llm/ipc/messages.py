@@ -169,6 +169,8 @@ class KVTransferEnded(_Part):
     transfer_id: str
     status: Literal["done", "released", "expired", "loaded", "failed"]
     reason: str = ""
+    num_bytes: int = 0  # a load's bytes read, and its seconds from the request to the last tensor written
+    seconds: float = 0.0
 
 
 class KVTransferEvents(_Message):
@@ -346,6 +348,13 @@ class SchedulerStats(_Message):
     collective_calls: int = 0
     spec_decode_num_disables: int = 0  # requests paused by adaptive off (low acceptance)
     spec_decode_num_gate_closes: int = 0  # times the speed gate turned speculation off for the batch
+    # Prefill/decode disaggregation, since start: loads that ended in blocks, loads that fell back to a local
+    # prefill, the bytes and seconds of the former; leases that expired unread.
+    kv_transfer_loads: int = 0
+    kv_transfer_failures: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_expired_leases: int = 0
 
 
 class FlushCacheResult(_Message):

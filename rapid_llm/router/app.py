@@ -3,7 +3,7 @@
 Each /v1/completions or /v1/chat/completions request goes to a prefill instance first, as one non-streamed
 token with `kv_transfer_params: {"do_remote_decode": true}` (n, beams and stream options left out), and then,
 unchanged apart from the `kv_transfer_params` the prefill answered with, to a decode instance, whose answer
-(streamed or not) is passed through. Key design choice: a prefill instance that cannot be reached or fails (5xx)
+(streamed or not) is passed through; a completions batch of prompts goes to the decode instance alone. Key design choice: a prefill instance that cannot be reached or fails (5xx)
 costs only time: the decode instance then prefills the prompt itself; its own refusals (4xx) go to the client.
 A client that disconnects closes the upstream request, which aborts it on that instance. /v1/models is the first
 decode instance's, /health is 200 only when every instance answers, /metrics counts requests per instance.
@@ -59,7 +59,11 @@ class Router:
             return error_response(400, "the body must be a JSON object", "invalid_request_error")
         headers = auth_headers(request)
         path = request.url.path
-        refused, kv_transfer_params = await self._prefill(path, body, headers)
+        refused = kv_transfer_params = None
+        # A batch of prompts (completions) is prefilled where it is decoded: an answer names one prompt's KV.
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
+            refused, kv_transfer_params = await self._prefill(path, body, headers)
         if refused is not None:
             return refused
         decode_body = {**body, "kv_transfer_params": kv_transfer_params}
@@ -142,8 +146,10 @@ async def relay(answer: httpx.Response, instance: Instance) -> AsyncIterator[byt
         await answer.aclose()
 
 
-def build_app(prefill: InstancePool, decode: InstancePool, timeout_s: float = 600.0) -> Starlette:
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+def build_app(prefill: InstancePool, decode: InstancePool, timeout_s: float = 600.0,
+              transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The router's app; `transport` replaces the network (tests)."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport)
     router = Router(prefill, decode, client)
 
     @asynccontextmanager

@@ -51,6 +51,9 @@ class RemoteKV:
         self._loads: dict[str, _Load] = {}  # staged or being read, by transfer id
         self._pinned: dict[str, _Load] = {}  # loaded, until each of its requests is admitted or ends
         self.commands: list[KVLease | KVLoad] = []  # for the agent, taken by the process loop
+        # Since start: loads that ended in blocks, loads that failed, their bytes and seconds, leases expired.
+        self.num_loads = self.num_failures = self.num_bytes = self.num_expired = 0
+        self.seconds = 0.0
 
     @property
     def num_leases(self) -> int:
@@ -149,6 +152,7 @@ class RemoteKV:
         for event in events:
             if event.transfer_id in self._leases:
                 if event.status == "expired":
+                    self.num_expired += 1
                     logger.warning("KV transfer %s: no decode instance read it in %.0f s; its blocks are freed",
                                    event.transfer_id, self.config.lease_ttl_s)
                 self._blocks.free(reversed(self._leases.pop(event.transfer_id)))
@@ -156,6 +160,12 @@ class RemoteKV:
             load = self._loads.pop(event.transfer_id, None)
             if load is None:
                 continue
+            if event.status == "loaded":
+                self.num_loads += 1
+                self.num_bytes += event.num_bytes
+                self.seconds += event.seconds
+            else:
+                self.num_failures += 1
             if event.status == "loaded" and load.requests:
                 hashes = load.requests[0].block_hashes(len(load.held))
                 for index in range(load.num_local, len(load.held)):

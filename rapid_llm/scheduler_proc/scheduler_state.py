@@ -168,9 +168,10 @@ class SchedulerState:
 
     def stats(self) -> SchedulerStats:
         counters = self._speculation.counters if self._speculation is not None else None
+        remote = self.remote_kv
         return SchedulerStats(
             num_running=len(self._running),
-            num_waiting=len(self._waiting) + (self.remote_kv.num_loading_requests if self.remote_kv else 0),
+            num_waiting=len(self._waiting) + (remote.num_loading_requests if remote else 0),
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             num_preemptions=self._num_preemptions,
@@ -183,6 +184,11 @@ class SchedulerState:
             spec_decode_num_accepted_tokens_per_pos=list(counters.accepted_per_position) if counters else [],
             spec_decode_num_disables=self._speculation.adaptive.num_disables if counters else 0,
             spec_decode_num_gate_closes=self._speculation.gate.num_closes if counters else 0,
+            kv_transfer_loads=remote.num_loads if remote else 0,
+            kv_transfer_failures=remote.num_failures if remote else 0,
+            kv_transfer_bytes=remote.num_bytes if remote else 0,
+            kv_transfer_seconds=remote.seconds if remote else 0.0,
+            kv_transfer_expired_leases=remote.num_expired if remote else 0,
         )
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
@@ -55,14 +56,17 @@ class KVAgent:
         while True:
             wait_s = None if self._sender is None else self._sender.next_deadline_s()
             poller.poll(None if wait_s is None else int(1000 * wait_s) + 1)
-            # Commands first: a lease and a read naming it may arrive in one wake-up.
-            while (command := self._commands.recv_nowait()) is not None:
-                self._handle(command)
-            if self._sender is not None:
-                ended = self._sender.serve(0)
-                if ended:
-                    events.send(KVTransferEvents([KVTransferEnded(transfer_id, status)
-                                                  for transfer_id, status in ended]))
+            try:
+                # Commands first: a lease and a read naming it may arrive in one wake-up.
+                while (command := self._commands.recv_nowait()) is not None:
+                    self._handle(command)
+                if self._sender is not None:
+                    ended = self._sender.serve(0)
+                    if ended:
+                        events.send(KVTransferEvents([KVTransferEnded(transfer_id, status)
+                                                      for transfer_id, status in ended]))
+            except Exception:  # a malformed read must not stop the agent: its leases would never end
+                logger.exception("KV transfer agent: a message could not be handled")
 
     def _handle(self, command: KVLease | KVLoad) -> None:
         if isinstance(command, KVLease):
@@ -77,10 +81,12 @@ class KVAgent:
         if not command.block_ids:
             self._receiver.release(command.address, command.transfer_id, command.deadline_s)
             return
+        started = time.monotonic()
         try:
-            self._receiver.load(command.address, command.transfer_id, command.block_ids, command.deadline_s,
-                                first_block=command.first_block)
-            ended = KVTransferEnded(command.transfer_id, "loaded")
+            num_bytes = self._receiver.load(command.address, command.transfer_id, command.block_ids,
+                                            command.deadline_s, first_block=command.first_block)
+            ended = KVTransferEnded(command.transfer_id, "loaded", num_bytes=num_bytes,
+                                    seconds=time.monotonic() - started)
         except KVLoadError as error:
             ended = KVTransferEnded(command.transfer_id, "failed", str(error))
         except Exception as error:  # anything else still ends the load, so the scheduler never waits on it

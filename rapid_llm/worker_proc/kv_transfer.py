@@ -152,10 +152,10 @@ class KVReceiver:
         self._context = context or zmq.Context.instance()
 
     def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float,
-             first_block: int = 0) -> None:
+             first_block: int = 0) -> int:
         """Read lease `transfer_id`'s blocks from `first_block` on (all the rest) from the producer at `address` into
-        `block_ids`, then confirm; raises KVLoadError when it cannot by the deadline (the blocks' content is then
-        undefined)."""
+        `block_ids`, then confirm; the bytes read. Raises KVLoadError when it cannot by the deadline (the blocks'
+        content is then undefined)."""
         deadline = time.monotonic() + deadline_s
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
@@ -165,11 +165,15 @@ class KVReceiver:
                                                                   "layout_id": self.cache.layout_id(),
                                                                   "first_block": first_block})])
             try:
-                self._receive(socket, transfer_id, block_ids, deadline)
+                num_bytes = self._receive(socket, transfer_id, block_ids, deadline)
             except KVLoadError:
                 self._confirm(socket, _RELEASE, transfer_id, deadline)
                 raise
+            if self.cache.device.type == "cuda":
+                # The copies run asynchronously; a step may read the blocks as soon as the load is reported.
+                torch.cuda.synchronize(self.cache.device)
             self._confirm(socket, _DONE, transfer_id, deadline)
+            return num_bytes
         finally:
             socket.close()
 
@@ -188,8 +192,9 @@ class KVReceiver:
         socket.setsockopt(zmq.LINGER, max(0, int(1000 * (deadline - time.monotonic()))))
         socket.send_multipart([kind, msgspec.msgpack.encode({"transfer_id": transfer_id})], zmq.NOBLOCK)
 
-    def _receive(self, socket: zmq.Socket, transfer_id: str, block_ids: Sequence[int], deadline: float) -> None:
+    def _receive(self, socket: zmq.Socket, transfer_id: str, block_ids: Sequence[int], deadline: float) -> int:
         written: set[int] = set()
+        num_bytes = 0
         while True:
             left_ms = int(1000 * (deadline - time.monotonic()))
             if left_ms <= 0 or not socket.poll(left_ms):
@@ -207,8 +212,9 @@ class KVReceiver:
                 except ValueError as error:
                     raise KVLoadError(f"KV transfer {transfer_id!r}: {error}") from error
                 written.add(tensor)
+                num_bytes += len(payload[0].buffer)
             elif kind.bytes == _END:
                 if written != set(range(self.cache.num_tensors)):
                     raise KVLoadError(f"KV transfer {transfer_id!r}: the producer ended after tensors "
                                       f"{sorted(written)} of {self.cache.num_tensors}")
-                return
+                return num_bytes

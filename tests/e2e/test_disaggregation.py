@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import httpx
@@ -35,10 +36,11 @@ class RouterProcess:
     """`python -m rapid_llm.router` on a free port, waited on until it answers (/health: only while every instance
     does)."""
 
-    def __init__(self, prefill: list[str], decode: list[str]) -> None:
+    def __init__(self, prefill: list[str], decode: list[str], policy: str = "least_load") -> None:
         self.base_url = f"http://127.0.0.1:{(port := free_port())}"
         self.process = subprocess.Popen([sys.executable, "-m", "rapid_llm.router", "--prefill", *prefill,
-                                         "--decode", *decode, "--port", str(port), "--log-level", "warning"])
+                                         "--decode", *decode, "--port", str(port), "--policy", policy,
+                                         "--log-level", "warning"])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -106,9 +108,14 @@ def test_through_the_router_the_output_is_the_colocated_one(deployment, case: st
             "json_schema": {"response_format": {"type": "json_schema",
                                                 "json_schema": {"name": "a", "schema": SCHEMA}}}}[case]
     colocated = colocated_choices(decode, **body)
+    before = decode.metrics()
     routed = completion(router.base_url, **body)
     assert [choice["text"] for choice in routed["choices"]] == colocated
     assert routed["usage"]["prompt_tokens_details"]["cached_tokens"] == 96  # the transferred blocks
+    after = decode.metrics()
+    loads, moved = "rapid_llm:kv_transfer_loads_total", "rapid_llm:kv_transfer_bytes_total"
+    assert after[loads] - before[loads] == 1  # one for all n choices
+    assert after[moved] > before[moved]
     assert_idle(prefill, decode)
 
 
@@ -155,6 +162,7 @@ def test_a_prefill_instance_killed_after_answering_costs_a_local_prefill(llama) 
         assert answer["choices"][0]["text"] == colocated
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert time.monotonic() - started < 30
+        assert decode.metrics()["rapid_llm:kv_transfer_failures_total"] == 1
         assert_idle(decode)
     finally:
         prefill.stop()
@@ -184,3 +192,31 @@ def test_an_abort_while_loading_and_an_unreachable_prefill_leave_nothing_behind(
         router.stop()
         prefill.stop()
         decode.stop()
+
+
+def test_two_prefills_feed_one_decode_and_one_prefill_feeds_two_decodes(llama) -> None:
+    prefills = [instance(llama, "kv_producer") for _ in range(2)]
+    decodes = [instance(llama, "kv_consumer") for _ in range(2)]
+    routers = {"2P1D": RouterProcess([p.base_url for p in prefills], [decodes[0].base_url], "round_robin"),
+               "1P2D": RouterProcess([prefills[0].base_url], [d.base_url for d in decodes], "round_robin")}
+    prompts = [[token + shift for token in PROMPT] for shift in range(4)]
+    try:
+        colocated = [completion(decodes[0].base_url, prompt=prompt)["choices"][0]["text"] for prompt in prompts]
+        for router in routers.values():
+            for server in decodes:
+                flush(server)
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                routed = list(pool.map(lambda prompt: completion(router.base_url, prompt=prompt), prompts))
+            assert [answer["choices"][0]["text"] for answer in routed] == colocated
+            assert all(answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 96 for answer in routed)
+        for name, router, instances in (("2P1D", routers["2P1D"], prefills), ("1P2D", routers["1P2D"], decodes)):
+            counts = httpx.get(f"{router.base_url}/metrics").text
+            role = "prefill" if name == "2P1D" else "decode"
+            for server in instances:  # round robin over the pool of two
+                assert f'requests_total{{instance="{server.base_url}",role="{role}"}} 2' in counts, name
+        assert_idle(*prefills, *decodes)
+    finally:
+        for router in routers.values():
+            router.stop()
+        for server in prefills + decodes:
+            server.stop()
