@@ -329,9 +329,12 @@ class ServerArgs:
 
     def _check_disaggregation(self, kv_transfer: Any, parallel: Any, speculative: Any) -> None:
         """What the built-in KV transfer cannot do yet, refused at start with the reason."""
-        if parallel.tensor_parallel_size > 1 or parallel.data_parallel_size > 1 or parallel.nnodes > 1:
-            raise ValueError("--kv-transfer-config with tensor, data or multi-node parallelism: the transfer agent "
-                             "moves one rank's cache; run each prefill and decode instance on one rank")
+        if parallel.data_parallel_size > 1 or parallel.nnodes > 1:
+            raise ValueError("--kv-transfer-config with data or multi-node parallelism: the transfer agents reach one "
+                             "host's ranks of one replica; run one instance per replica")
+        if kv_transfer.is_producer and parallel.tensor_parallel_size > 1:
+            raise ValueError("--kv-transfer-config kv_role kv_producer or kv_both with --tensor-parallel-size > 1: a "
+                             "prefill instance serves its KV from one rank (a decode instance may use several)")
         if kv_transfer.is_consumer and not self.enable_prefix_caching:
             raise ValueError("--kv-transfer-config kv_role kv_consumer needs prefix caching: loaded blocks are taken "
                              "as prefix hits; drop --disable-prefix-caching")

@@ -49,6 +49,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     speculative: SpeculativeConfig | None = None
     itl_target_ms: float | None = None
     kv_transfer: KVTransferConfig | None = None
+    num_worker_ranks: int = 1  # filled in by the scheduler process: each rank's transfer agent reports a load
 
     def __post_init__(self) -> None:
         # Checked on construction, so no holder of a SchedulerConfig needs to check it again.

@@ -62,7 +62,7 @@ class IpcPaths:
     scheduler_to_frontend: str
     worker_to_scheduler: str
     scheduler_to_workers: tuple[str, ...]
-    scheduler_to_kv_agent: str  # rank 0's KV transfer agent (prefill/decode disaggregation only)
+    scheduler_to_kv_agents: tuple[str, ...]  # each rank's KV transfer agent (prefill/decode disaggregation only)
 
     @classmethod
     def create(cls, num_ranks: int) -> "IpcPaths":
@@ -88,7 +88,7 @@ class IpcPaths:
             scheduler_to_frontend=address("scheduler-frontend"),
             worker_to_scheduler=address("worker-scheduler"),
             scheduler_to_workers=tuple(address(f"scheduler-worker{rank}") for rank in range(num_ranks)),
-            scheduler_to_kv_agent=address("scheduler-kv-agent"),
+            scheduler_to_kv_agents=tuple(address(f"scheduler-kv-agent{rank}") for rank in range(num_ranks)),
         )
 
     def with_plan_channels(self, channels: dict[int, str]) -> "IpcPaths":

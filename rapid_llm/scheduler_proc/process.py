@@ -60,7 +60,8 @@ class SchedulerLoop:
         self.workers = [Sender(context, address) for address in paths.scheduler_to_workers]
         self.detokenizer = Sender(context, paths.scheduler_to_detokenizer)
         self.frontend = Sender(context, paths.scheduler_to_frontend)
-        self.kv_agent = Sender(context, paths.scheduler_to_kv_agent) if config.kv_transfer is not None else None
+        self.kv_agents = ([] if config.kv_transfer is None else
+                          [Sender(context, address) for address in paths.scheduler_to_kv_agents])
         ready = self.results.recv()
         if isinstance(ready, WorkerFailed):
             raise WorkerFailedError(ready.error)
@@ -68,7 +69,8 @@ class SchedulerLoop:
             raise WorkerFailedError(f"expected WorkerReady from rank 0, got {type(ready).__name__}")
         self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks, kv_windows=ready.kv_windows,
                                               recurrent_state=ready.num_state_layers > 0,
-                                              state_snapshots=ready.num_state_snapshots)
+                                              state_snapshots=ready.num_state_snapshots,
+                                              num_worker_ranks=len(self.workers))
         self.scheduler = Scheduler(self.config)
         self.depth = 2 if config.async_scheduling else 1
         self.poller = zmq.Poller()
@@ -132,7 +134,9 @@ class SchedulerLoop:
     def _exchange_kv(self, message: KVTransferEvents | None = None) -> None:
         """Loads and leases to the transfer agent (prefill/decode disaggregation), its events back."""
         for command in self.scheduler.exchange_kv(message.events if message is not None else ()):
-            self.kv_agent.send(command)
+            # Every rank loads its share of a prompt's KV; leases exist on single-rank producers only.
+            for agent in self.kv_agents:
+                agent.send(command)
 
     def _handle_result(self, message: WorkerFailed | WorkerReady | StepResult | KVTransferEvents) -> None:
         if isinstance(message, WorkerFailed):

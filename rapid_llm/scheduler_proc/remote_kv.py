@@ -9,7 +9,8 @@ planned before that allocation has reported (such a step may still write a block
 Loaded blocks are registered in the prefix cache under the prompt's chained hashes and stay pinned until each of
 the load's requests (n choices share one load) is admitted, which then finds them as an ordinary prefix hit. Key
 design choice: a load that fails, times out or finds another prompt's hash only frees its blocks: its requests
-prefill locally, so a transfer fault costs time, never a request. Usage: the scheduler calls `lease` when a
+prefill locally, so a transfer fault costs time, never a request. A tensor-parallel consumer's ranks each load
+their share of the heads; the load ends when every rank has reported. Usage: the scheduler calls `lease` when a
 producer's request ends, `stage`, `advance` and `on_events` for loads, `admitted` / `drop` from the step policy.
 """
 
@@ -37,16 +38,18 @@ class _Load:
     num_local: int = 0  # leading blocks of `held` found cached here (not loaded)
     ready_after_step: int | None = None  # set once blocks are held: steps before it must report first
     sent: bool = False
+    reports: list[KVTransferEnded] = field(default_factory=list)  # one per worker rank once sent
 
 
 class RemoteKV:
     def __init__(self, config: KVTransferConfig, blocks: BlockManager, prefix_cache: PrefixCache,
-                 block_size: int) -> None:
+                 block_size: int, num_ranks: int = 1) -> None:
         self.config = config
         self.engine_id = config.engine_id or uuid.uuid4().hex[:12]
         self._blocks = blocks
         self._prefix_cache = prefix_cache
         self._block_size = block_size
+        self._num_ranks = num_ranks
         self._leases: dict[str, list[int]] = {}
         self._loads: dict[str, _Load] = {}  # staged or being read, by transfer id
         self._pinned: dict[str, _Load] = {}  # loaded, until each of its requests is admitted or ends
@@ -157,28 +160,35 @@ class RemoteKV:
                                    event.transfer_id, self.config.lease_ttl_s)
                 self._blocks.free(reversed(self._leases.pop(event.transfer_id)))
                 continue
-            load = self._loads.pop(event.transfer_id, None)
+            load = self._loads.get(event.transfer_id)
             if load is None:
                 continue
-            if event.status == "loaded":
-                self.num_loads += 1
-                self.num_bytes += event.num_bytes
-                self.seconds += event.seconds
-            else:
-                self.num_failures += 1
-            if event.status == "loaded" and load.requests:
-                hashes = load.requests[0].block_hashes(len(load.held))
-                for index in range(load.num_local, len(load.held)):
-                    if self._blocks.cached_block(hashes[index]) is None:
-                        self._blocks.cache_block(load.held[index], hashes[index])
-                self._pinned[event.transfer_id] = load
-            else:
-                if event.status != "loaded":
-                    logger.warning("KV transfer %s failed (%s); %d request(s) prefill locally", event.transfer_id,
-                                   event.reason, len(load.requests))
-                self._blocks.free(reversed(load.held))
-            ready += load.requests
+            # Each rank loads its share of the heads: the load has ended once every rank has said how.
+            load.reports.append(event)
+            if len(load.reports) == self._num_ranks:
+                del self._loads[event.transfer_id]
+                ready += self._load_ended(event.transfer_id, load)
         return ready
+
+    def _load_ended(self, transfer_id: str, load: _Load) -> list[RequestState]:
+        failures = [report.reason for report in load.reports if report.status != "loaded"]
+        if failures:
+            self.num_failures += 1
+            logger.warning("KV transfer %s failed (%s); %d request(s) prefill locally", transfer_id, failures[0],
+                           len(load.requests))
+        else:
+            self.num_loads += 1
+            self.num_bytes += sum(report.num_bytes for report in load.reports)
+            self.seconds += max(report.seconds for report in load.reports)
+        if failures or not load.requests:
+            self._blocks.free(reversed(load.held))
+        else:
+            hashes = load.requests[0].block_hashes(len(load.held))
+            for index in range(load.num_local, len(load.held)):
+                if self._blocks.cached_block(hashes[index]) is None:
+                    self._blocks.cache_block(load.held[index], hashes[index])
+            self._pinned[transfer_id] = load
+        return load.requests
 
     def admitted(self, request: RequestState) -> None:
         """The request took its blocks as prefix hits: the load's pin on them is no longer needed for it."""

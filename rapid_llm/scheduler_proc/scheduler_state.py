@@ -69,7 +69,8 @@ class SchedulerState:
         self._step_cost = StepCostModel()
         self._itl_target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
         self.remote_kv = (None if config.kv_transfer is None else
-                          RemoteKV(config.kv_transfer, self._blocks, self._prefix_cache, config.block_size))
+                          RemoteKV(config.kv_transfer, self._blocks, self._prefix_cache, config.block_size,
+                                   config.num_worker_ranks))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request is unfinished."""

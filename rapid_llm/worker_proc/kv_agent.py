@@ -1,5 +1,5 @@
-"""The worker's half of the KV connector: a thread in worker rank 0 that serves leased blocks (producer) and loads
-remote ones (consumer) while the main thread runs steps.
+"""The worker's half of the KV connector: a thread in each worker rank that serves leased blocks (producer, one rank)
+and loads remote ones (consumer: each rank its share of the KV heads) while the main thread runs steps.
 
 The scheduler decides everything: it sends KVLease (blocks it holds until the lease ends) and KVLoad (blocks that no
 step touches until the load is reported), and it hears back on the workers' result channel (KVTransferEvents), so
@@ -7,8 +7,8 @@ the agent needs no view of requests. Key design choice: the agent thread owns th
 table (one owner, no locks); each load runs in a small thread pool with a deadline (a dead or slow producer delays
 only its own requests, which then prefill locally) and reports on a socket of its own thread. Blocks are read and
 written as bytes on the default stream, so on CUDA they queue behind the steps already launched.
-Usage: `agent = KVAgent(cache, config, paths)` (binds the producer's address: a taken port fails the start), then
-`agent.start()`.
+Usage: `agent = KVAgent(cache, config, paths, rank, world_size)` (binds the producer's address: a taken port fails
+the start), then `agent.start()`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,18 @@ MAX_CONCURRENT_LOADS = 4
 
 
 class KVAgent:
-    def __init__(self, cache: KVCache, config: KVTransferConfig, paths: IpcPaths) -> None:
+    def __init__(self, cache: KVCache, config: KVTransferConfig, paths: IpcPaths, rank: int = 0,
+                 world_size: int = 1) -> None:
         self._context = zmq.Context()
         self._paths = paths
-        self._commands: Receiver = Receiver(self._context, paths.scheduler_to_kv_agent, SchedulerToKVAgent)
+        self._rank = rank
+        self._commands: Receiver = Receiver(self._context, paths.scheduler_to_kv_agents[rank], SchedulerToKVAgent)
         try:
             self._sender = KVSender(cache, f"tcp://*:{config.kv_port}", self._context) if config.is_producer else None
         except zmq.ZMQError as error:
             raise RuntimeError(f"the KV transfer port {config.kv_port} cannot be bound ({error}); pass another "
                                "kv_port in --kv-transfer-config") from None
-        self._receiver = KVReceiver(cache, self._context)
+        self._receiver = KVReceiver(cache, self._context, rank, world_size)
         self._loads = ThreadPoolExecutor(MAX_CONCURRENT_LOADS, thread_name_prefix="kv-load")
         self._local = threading.local()  # each load thread's own socket to the scheduler
 
@@ -79,7 +81,8 @@ class KVAgent:
 
     def _load(self, command: KVLoad) -> None:
         if not command.block_ids:
-            self._receiver.release(command.address, command.transfer_id, command.deadline_s)
+            if self._rank == 0:  # one release per lease, whatever the ranks
+                self._receiver.release(command.address, command.transfer_id, command.deadline_s)
             return
         started = time.monotonic()
         try:

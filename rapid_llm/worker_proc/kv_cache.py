@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -115,19 +115,30 @@ class KVCache:
         """The distinct paged tensors, what `read_blocks` and `write_blocks` go over one at a time."""
         return len(self._distinct)
 
-    def layout_id(self) -> str:
+    def layout_id(self, tp_size: int = 1) -> str:
         """What two caches must share for one's blocks to be written into the other's as bytes: each distinct
-        tensor's spec, dtype and page shape without the block count, and the block size."""
-        parts = [f"{spec!r}|{layer.kv_cache.dtype}|{_page_shape_of_one_block(layer.kv_cache, spec)}"
-                 for layer, spec in self._distinct]
+        tensor's spec, dtype and page shape without the block count, and the block size; with `tp_size`, those of
+        one rank's share of this cache in a tensor-parallel group of that size (its slice of the KV heads)."""
+        parts = []
+        for layer, spec in self._distinct:
+            shape = _page_shape_of_one_block(layer.kv_cache, spec)
+            if tp_size > 1 and isinstance(spec, FullAttentionSpec):
+                count = head_slice(spec.num_kv_heads, 0, tp_size)[1]
+                spec, shape = replace(spec, num_kv_heads=count), (*shape[:3], count, *shape[4:])
+            parts.append(f"{spec!r}|{layer.kv_cache.dtype}|{shape}")
         return hashlib.sha256("\n".join([str(self.block_size), *parts]).encode()).hexdigest()[:16]
 
-    def read_blocks(self, tensor: int, block_ids: Sequence[int]) -> torch.Tensor:
-        """Distinct tensor `tensor`'s blocks `block_ids`, in that order, as contiguous uint8 bytes on the CPU."""
+    def read_blocks(self, tensor: int, block_ids: Sequence[int], tp_rank: int = 0, tp_size: int = 1) -> torch.Tensor:
+        """Distinct tensor `tensor`'s blocks `block_ids`, in that order, as contiguous uint8 bytes on the CPU; with
+        `tp_size`, only the KV heads rank `tp_rank` of that tensor-parallel size holds (a latent cache whole)."""
         layer, spec = self._distinct[tensor]
         index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
         # Bytes throughout: CPU torch has no float8 index ops, and a byte copy is exact for every dtype.
-        return layer.kv_cache.view(torch.uint8).index_select(spec.block_dim, index).contiguous().cpu()
+        blocks = layer.kv_cache.view(torch.uint8).index_select(spec.block_dim, index)
+        if tp_size > 1 and isinstance(spec, FullAttentionSpec):
+            start, count = head_slice(spec.num_kv_heads, tp_rank, tp_size)
+            blocks = blocks.narrow(3, start, count)  # [2, blocks, block_size, heads, row bytes]
+        return blocks.contiguous().cpu()
 
     def write_blocks(self, tensor: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
         """The bytes `read_blocks` gave (of a cache with this layout_id) into blocks `block_ids` of `tensor`."""
@@ -140,6 +151,13 @@ class KVCache:
                              f"{math.prod(shape)} (a cache of another layout?)")
         index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
         cache.index_copy_(spec.block_dim, index, data.to(self.device).view(shape))
+
+
+def head_slice(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """(first, count) of the KV heads tensor-parallel rank `tp_rank` of `tp_size` holds, as the QKV projection
+    splits them (layers/linear.py: a slice each, or whole heads replicated when there are fewer heads than ranks)."""
+    count = max(1, num_heads // tp_size)
+    return (tp_rank // max(1, tp_size // num_heads)) * count, count
 
 
 def _page_shape_of_one_block(cache: torch.Tensor, spec: KVCacheSpec) -> tuple[int, ...]:

@@ -36,6 +36,8 @@ UNKNOWN_LEASE_GRACE_S = 2.0
 class _Lease:
     block_ids: list[int]
     expires_at: float
+    readers: int = 1  # the ranks of a tensor-parallel consumer, each reading its heads; each confirms once
+    confirmations: int = 0
 
 
 class KVSender:
@@ -43,7 +45,6 @@ class KVSender:
 
     def __init__(self, cache: KVCache, address: str, context: zmq.Context | None = None) -> None:
         self.cache = cache
-        self._layout = cache.layout_id()
         self._socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)
@@ -107,6 +108,9 @@ class KVSender:
         if kind in (_DONE, _RELEASE):
             if lease is None:
                 return []
+            lease.confirmations += 1
+            if lease.confirmations < lease.readers:
+                return []
             del self._leases[transfer_id]
             return [(transfer_id, "done" if kind == _DONE else "released")]
         if kind != _READ:
@@ -121,17 +125,19 @@ class KVSender:
         transfer_id = request.get("transfer_id")
         lease = self._leases.get(transfer_id)
         first = request.get("first_block", 0)
+        tp_rank, tp_size = request.get("tp", (0, 1))
         if lease is None or lease.expires_at <= time.monotonic():
             self._reply(reader, _GONE, {"reason": f"no lease {transfer_id!r} (never made, ended or expired)"})
-        elif request.get("layout_id") != self._layout:
-            self._reply(reader, _GONE, {"reason": f"the caches differ in layout ({request.get('layout_id')} here "
-                                                  f"{self._layout})"})
+        elif request.get("layout_id") != self.cache.layout_id(tp_size):
+            self._reply(reader, _GONE, {"reason": f"the caches differ in layout ({request.get('layout_id')} there, "
+                                                  f"{self.cache.layout_id(tp_size)} here at {tp_size} rank(s))"})
         elif not isinstance(first, int) or not 0 <= first <= len(lease.block_ids):
             self._reply(reader, _GONE, {"reason": f"first_block {first!r} is outside the lease's "
                                                   f"{len(lease.block_ids)} blocks"})
         else:
+            lease.readers = tp_size
             for tensor in range(self.cache.num_tensors):
-                data = self.cache.read_blocks(tensor, lease.block_ids[first:])
+                data = self.cache.read_blocks(tensor, lease.block_ids[first:], tp_rank, tp_size)
                 self._socket.send_multipart([reader, _TENSOR, msgspec.msgpack.encode({"tensor": tensor}),
                                              memoryview(data.numpy())], copy=False)
             self._reply(reader, _END, {"tensors": self.cache.num_tensors})
@@ -145,11 +151,13 @@ class KVLoadError(RuntimeError):
 
 
 class KVReceiver:
-    """The consumer's side: one load at a time into its own cache's blocks."""
+    """The consumer's side: loads into its own cache's blocks; as rank `tp_rank` of a tensor-parallel consumer of
+    `tp_size` ranks, the producer sends it only its share of the KV heads."""
 
-    def __init__(self, cache: KVCache, context: zmq.Context | None = None) -> None:
+    def __init__(self, cache: KVCache, context: zmq.Context | None = None, tp_rank: int = 0, tp_size: int = 1) -> None:
         self.cache = cache
         self._context = context or zmq.Context.instance()
+        self._tp = (tp_rank, tp_size)
 
     def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float,
              first_block: int = 0) -> int:
@@ -163,7 +171,7 @@ class KVReceiver:
             socket.connect(address)
             socket.send_multipart([_READ, msgspec.msgpack.encode({"transfer_id": transfer_id,
                                                                   "layout_id": self.cache.layout_id(),
-                                                                  "first_block": first_block})])
+                                                                  "first_block": first_block, "tp": self._tp})])
             try:
                 num_bytes = self._receive(socket, transfer_id, block_ids, deadline)
             except KVLoadError:

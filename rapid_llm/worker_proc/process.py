@@ -12,8 +12,8 @@ result back would only delay the scheduler, so each result is sent at once.
 With tensor parallelism each rank first joins the torch.distributed group (rank r on cuda:r, or the CPU with
 the host's threads split between ranks); the ranks agree on the smallest KV-cache block count, which rank 0
 reports to the scheduler with the number of recurrent-state layers (cache_groups.py).
-`RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py). With `--kv-transfer-config`, rank 0 also
-runs the KV transfer agent's thread (kv_agent.py).
+`RAPID_LLM_TORCH_PROFILER_DIR` traces a window of steps (step_profiler.py). With `--kv-transfer-config`, each rank
+also runs a KV transfer agent's thread (kv_agent.py).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
         num_blocks = tp_min(runner.num_blocks)
         kv_transfer = config.scheduler.kv_transfer
-        agent = KVAgent(runner.kv_cache, kv_transfer, paths) if kv_transfer is not None and rank == 0 else None
+        agent = None if kv_transfer is None else KVAgent(runner.kv_cache, kv_transfer, paths, rank, world_size)
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=num_blocks, kv_windows=runner.kv_cache.windows,
                                      num_state_layers=runner.cache_groups.num_state_layers,

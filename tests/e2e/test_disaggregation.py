@@ -3,11 +3,12 @@
 
 Golden, per model family (fp32 tiny Llama, Qwen3-MoE and DeepSeek-V3 with its MLA latent cache): greedy tokens,
 streamed text, seeded n > 1 choices, JSON-schema output and a prompt whose first blocks the decode instance has
-cached are identical through the router, and the decode instance reports the transferred blocks as cached tokens.
-Faults (Llama): a prefill instance killed with SIGKILL after it answered (its blocks are gone) and a load from an
-address nobody serves (aborted by its client while loading) end in a local prefill or an abort; a prefill
-instance that cannot be reached makes the router let the decode instance prefill. After every case both
-instances report 0 KV blocks in use and 0 running requests.
+cached are identical through the router, and the decode instance reports the transferred blocks as cached tokens;
+2P1D and 1P2D; a single-rank prefill instance feeding a two-rank decode instance (each rank loads its share of the
+KV heads, or the whole MLA latent). Faults (Llama): a prefill instance killed with SIGKILL after it answered and a
+load from an address nobody serves (aborted by its client while loading) end in a local prefill or an abort; an
+unreachable prefill instance makes the router let the decode instance prefill. After every case both instances
+report 0 KV blocks in use and 0 running requests.
 """
 
 from __future__ import annotations
@@ -220,3 +221,22 @@ def test_two_prefills_feed_one_decode_and_one_prefill_feeds_two_decodes(llama) -
             router.stop()
         for server in prefills + decodes:
             server.stop()
+
+
+@pytest.mark.parametrize("family", ["LlamaForCausalLM", "DeepseekV3ForCausalLM"])
+def test_a_single_rank_prefill_feeds_a_two_rank_decode(tiny_checkpoint, family: str) -> None:
+    checkpoint = tiny_checkpoint(family, max_position_embeddings=512)
+    prefill = instance(checkpoint, "kv_producer")
+    decode = instance(checkpoint, "kv_consumer", "--tensor-parallel-size", "2")
+    router = RouterProcess([prefill.base_url], [decode.base_url])
+    try:
+        (colocated,) = colocated_choices(decode)
+        routed = completion(router.base_url)
+        assert routed["choices"][0]["text"] == colocated
+        assert routed["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        assert decode.metrics()["rapid_llm:kv_transfer_loads_total"] == 1
+        assert_idle(prefill, decode)
+    finally:
+        router.stop()
+        prefill.stop()
+        decode.stop()

@@ -121,3 +121,25 @@ def test_a_producer_that_never_answers_fails_the_load_by_its_deadline(tiny_check
     finally:
         silent.close(linger=0)
     assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(("num_heads", "tp_size"), [(2, 2), (2, 4)], ids=["sliced", "replicated"])
+def test_each_rank_of_a_tensor_parallel_reader_gets_its_heads_and_the_lease_ends_with_the_last(
+        tiny_checkpoint, num_heads: int, tp_size: int) -> None:
+    producer = _cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=num_heads), "auto")
+    # A rank's cache holds max(1, heads / ranks) heads: what a checkpoint with that many KV heads builds.
+    per_rank = max(1, num_heads // tp_size)
+    ranks = [_cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=per_rank), "auto")
+             for _ in range(tp_size)]
+    with Serving(producer) as serving:
+        serving.lease("tp", [3, 5])
+        for rank, cache in enumerate(ranks):
+            KVReceiver(cache, zmq.Context(), rank, tp_size).load(serving.address, "tp", [1, 2], deadline_s=10)
+            assert serving.ended == [] or rank == tp_size - 1  # still leased until the last rank confirms
+        assert serving.wait_ended(1) == [("tp", "done")]
+    for rank, cache in enumerate(ranks):
+        first = rank // max(1, tp_size // num_heads) * per_rank
+        for tensor in range(cache.num_tensors):
+            # [2, blocks, block_size, heads, bytes per head row]
+            expected = producer.read_blocks(tensor, [3, 5]).narrow(3, first, per_rank)
+            assert torch.equal(cache.read_blocks(tensor, [1, 2]), expected)

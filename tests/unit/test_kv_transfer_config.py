@@ -43,7 +43,7 @@ def test_a_connector_whose_library_is_missing_says_how_to_install_it() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ({"tensor_parallel_size": 2}, "run each prefill and decode instance on one rank"),
+    ({"data_parallel_size": 2}, "run one instance per replica"),
     ({"enable_prefix_caching": False}, "needs prefix caching"),
     ({"speculative_config": '{"method": "draft_model", "num_speculative_tokens": 2, "model": "demo-draft"}'},
      "proposer model's own KV is not transferred"),
@@ -53,3 +53,12 @@ def test_what_the_built_in_transfer_cannot_do_is_refused_at_start(tiny_checkpoin
     server = ServerArgs(model=str(checkpoint), disaggregation_mode="decode", **args)
     with pytest.raises(ValueError, match=message):
         server.engine_config(str(checkpoint))
+
+
+def test_a_tensor_parallel_decode_instance_is_allowed_a_prefill_instance_is_not(tiny_checkpoint) -> None:
+    checkpoint = tiny_checkpoint("LlamaForCausalLM")
+    config = ServerArgs(model=str(checkpoint), disaggregation_mode="decode", tensor_parallel_size=2)
+    assert config.engine_config(str(checkpoint)).scheduler.kv_transfer.is_consumer
+    with pytest.raises(ValueError, match="serves its KV from one rank"):
+        ServerArgs(model=str(checkpoint), disaggregation_mode="prefill",
+                   tensor_parallel_size=2).engine_config(str(checkpoint))

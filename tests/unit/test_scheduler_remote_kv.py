@@ -222,3 +222,21 @@ def test_a_request_for_a_role_the_instance_lacks_is_refused() -> None:
     params = msgspec.structs.replace(prefill(producer))
     with pytest.raises(RequestRejected, match="kv_consumer instance; this one was started kv_producer"):
         producer.scheduler.add_request(generate("d", PROMPT, params, max_tokens=1))
+
+
+@pytest.mark.parametrize("second", ["loaded", "failed"])
+def test_a_tensor_parallel_load_ends_when_every_rank_has_reported(second: str) -> None:
+    producer, consumer = Side(PRODUCER), Side(CONSUMER, num_worker_ranks=2)
+    params = prefill(producer)
+    consumer.scheduler.add_request(generate("d", PROMPT, params, max_tokens=2, ignore_eos=True))
+    (load,) = consumer.exchange()
+    copy_kv(producer, consumer, load)
+    consumer.exchange([KVTransferEnded(load.transfer_id, "loaded", num_bytes=10)])
+    assert consumer.scheduler.schedule() is None and consumer.blocks_used() == 4  # one rank may still be writing
+    consumer.exchange([KVTransferEnded(load.transfer_id, second, "rank 1 timed out", num_bytes=10)])
+    chunk = first_chunk(consumer.run(), "d")
+    assert chunk.num_computed_tokens == (16 if second == "loaded" else 0)
+    stats = consumer.scheduler.stats()
+    assert (stats.kv_transfer_loads, stats.kv_transfer_failures, stats.kv_transfer_bytes) == (
+        (1, 0, 20) if second == "loaded" else (0, 1, 0))
+    assert consumer.blocks_used() == 0
