@@ -65,16 +65,18 @@ class ServerProcess:
     """`python -m rapid_llm.launch_server ...` on a free port, waited on until /health answers 200."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 120.0,
-                 new_session: bool = False) -> None:
-        """`new_session`: run it in its own process group (for signals sent to the whole group)."""
+                 new_session: bool = False, netns: str | None = None, host: str = "127.0.0.1") -> None:
+        """`new_session`: run it in its own process group (for signals sent to the whole group); `netns`: inside
+        that network namespace (`ip netns exec`), listening on `host`."""
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"http://{host}:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix="rapid_llm-e2e-", suffix=".log")[1])
         self._log = self.log_path.open("w")
         self._final_log: str | None = None
         self.started = time.perf_counter()
+        prefix = [] if netns is None else ["ip", "netns", "exec", netns]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rapid_llm.launch_server", "--port", str(self.port), *args],
+            [*prefix, sys.executable, "-m", "rapid_llm.launch_server", "--port", str(self.port), "--host", host, *args],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
             start_new_session=new_session,
         )

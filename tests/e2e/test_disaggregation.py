@@ -4,7 +4,7 @@
 Golden, per model family (fp32 tiny Llama, Qwen3-MoE and DeepSeek-V3 with its MLA latent cache): greedy tokens,
 streamed text, seeded n > 1 choices, JSON-schema output and a prompt whose first blocks the decode instance has
 cached are identical through the router, and the decode instance reports the transferred blocks as cached tokens;
-2P1D and 1P2D; a single-rank prefill instance feeding a two-rank decode instance (each rank loads its share of the
+2P1D and 1P2D (each family); a single-rank prefill instance feeding a two-rank decode instance (each rank loads its share of the
 KV heads, or the whole MLA latent). Faults (Llama): a prefill instance killed with SIGKILL after it answered and a
 load from an address nobody serves (aborted by its client while loading) end in a local prefill or an abort; an
 unreachable prefill instance makes the router let the decode instance prefill. After every case both instances
@@ -58,13 +58,13 @@ class RouterProcess:
         self.process.wait(10)
 
 
-def instance(checkpoint, role: str, *extra: str, new_session: bool = False, lease_ttl_s: float = 120
-             ) -> ServerProcess:
-    config = {"kv_role": role, "kv_port": free_port(),
-              "kv_connector_extra_config": {"load_timeout_s": 5, "lease_ttl_s": lease_ttl_s}}
+def instance(checkpoint, role: str, *extra: str, lease_ttl_s: float = 120, load_timeout_s: float = 5,
+             kv_ip: str = "127.0.0.1", **server: object) -> ServerProcess:
+    """A prefill (kv_producer) or decode (kv_consumer) instance; `server`: ServerProcess's options."""
+    config = {"kv_role": role, "kv_port": free_port(), "kv_ip": kv_ip,
+              "kv_connector_extra_config": {"load_timeout_s": load_timeout_s, "lease_ttl_s": lease_ttl_s}}
     return ServerProcess("--model", str(checkpoint), "--served-model-name", MODEL, "--num-kv-blocks", "128",
-                         "--kv-transfer-config", json.dumps(config), "--log-level", "warning", *extra,
-                         new_session=new_session)
+                         "--kv-transfer-config", json.dumps(config), "--log-level", "warning", *extra, **server)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -195,9 +195,11 @@ def test_an_abort_while_loading_and_an_unreachable_prefill_leave_nothing_behind(
         decode.stop()
 
 
-def test_two_prefills_feed_one_decode_and_one_prefill_feeds_two_decodes(llama) -> None:
-    prefills = [instance(llama, "kv_producer") for _ in range(2)]
-    decodes = [instance(llama, "kv_consumer") for _ in range(2)]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_prefills_feed_one_decode_and_one_prefill_feeds_two_decodes(tiny_checkpoint, family: str) -> None:
+    checkpoint = tiny_checkpoint(family, max_position_embeddings=512)
+    prefills = [instance(checkpoint, "kv_producer") for _ in range(2)]
+    decodes = [instance(checkpoint, "kv_consumer") for _ in range(2)]
     routers = {"2P1D": RouterProcess([p.base_url for p in prefills], [decodes[0].base_url], "round_robin"),
                "1P2D": RouterProcess([prefills[0].base_url], [d.base_url for d in decodes], "round_robin")}
     prompts = [[token + shift for token in PROMPT] for shift in range(4)]
