@@ -335,6 +335,9 @@ class ServerArgs:
         if kv_transfer.is_producer and parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-transfer-config kv_role kv_producer or kv_both with --tensor-parallel-size > 1: a "
                              "prefill instance serves its KV from one rank (a decode instance may use several)")
+        if kv_transfer.kv_connector == "MooncakeConnector" and parallel.tensor_parallel_size > 1:
+            raise ValueError("--kv-transfer-config kv_connector MooncakeConnector with --tensor-parallel-size > 1: "
+                             "Mooncake moves whole caches; a tensor-parallel decode instance needs ZmqConnector")
         if kv_transfer.is_consumer and not self.enable_prefix_caching:
             raise ValueError("--kv-transfer-config kv_role kv_consumer needs prefix caching: loaded blocks are taken "
                              "as prefix hits; drop --disable-prefix-caching")

@@ -23,9 +23,11 @@ BUILT_IN = "ZmqConnector"
 # name -> (the module it needs, how to get it); None: built in.
 CONNECTORS: dict[str, tuple[str, str] | None] = {
     BUILT_IN: None,
-    "MooncakeConnector": ("mooncake.engine", "pip install mooncake-transfer-engine"),
+    "MooncakeConnector": ("mooncake.engine", "pip install 'rapid_llm[mooncake]' (mooncake-transfer-engine-non-cuda; "
+                                             "mooncake-transfer-engine on CUDA; both need libibverbs1)"),
     "NixlConnector": ("nixl", "pip install nixl (CUDA only)"),
 }
+WIRED = (BUILT_IN, "MooncakeConnector")
 ROLES_OF_MODE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 DEFAULT_KV_PORT = 14579  # vLLM's default
 
@@ -49,7 +51,7 @@ class KVTransferConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         if needed is not None and importlib.util.find_spec(needed[0].split(".")[0]) is None:
             raise ValueError(f"kv_connector {self.kv_connector!r} needs the {needed[0]} module; {needed[1]}, or use "
                              f"the built-in {BUILT_IN!r}")
-        if needed is not None:
+        if self.kv_connector not in WIRED:
             raise ValueError(f"kv_connector {self.kv_connector!r} is not wired in yet; use {BUILT_IN!r}")
         if not 1 <= self.kv_port <= 65535:
             raise ValueError(f"kv_port {self.kv_port} is out of range 1-65535")

@@ -24,6 +24,7 @@ from rapid_llm.config.kv_transfer_config import KVTransferConfig
 from rapid_llm.ipc.messages import KVLease, KVLoad, KVTransferEnded, KVTransferEvents, SchedulerToKVAgent
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.worker_proc.kv_cache import KVCache
+from rapid_llm.worker_proc.kv_mooncake import MooncakeDataPlane
 from rapid_llm.worker_proc.kv_transfer import KVLoadError, KVReceiver, KVSender
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,14 @@ class KVAgent:
         self._paths = paths
         self._rank = rank
         self._commands: Receiver = Receiver(self._context, paths.scheduler_to_kv_agents[rank], SchedulerToKVAgent)
+        mooncake = MooncakeDataPlane(cache, config.kv_ip) if config.kv_connector == "MooncakeConnector" else None
         try:
-            self._sender = KVSender(cache, f"tcp://*:{config.kv_port}", self._context) if config.is_producer else None
+            self._sender = (KVSender(cache, f"tcp://*:{config.kv_port}", self._context, mooncake)
+                            if config.is_producer else None)
         except zmq.ZMQError as error:
             raise RuntimeError(f"the KV transfer port {config.kv_port} cannot be bound ({error}); pass another "
                                "kv_port in --kv-transfer-config") from None
-        self._receiver = KVReceiver(cache, self._context, rank, world_size)
+        self._receiver = KVReceiver(cache, self._context, rank, world_size, mooncake)
         self._loads = ThreadPoolExecutor(MAX_CONCURRENT_LOADS, thread_name_prefix="kv-load")
         self._local = threading.local()  # each load thread's own socket to the scheduler
 

@@ -140,6 +140,22 @@ class KVCache:
             blocks = blocks.narrow(3, start, count)  # [2, blocks, block_size, heads, row bytes]
         return blocks.contiguous().cpu()
 
+    def memory_regions(self) -> list[tuple[int, int]]:
+        """(address, bytes) of each distinct tensor: what a transfer engine registers."""
+        return [(layer.kv_cache.data_ptr(), layer.kv_cache.nbytes) for layer, _ in self._distinct]
+
+    def block_segments(self, tensor: int, block_ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Where blocks `block_ids` of distinct tensor `tensor` lie in memory: (address, bytes) pairs, block by
+        block, one per index before the tensor's block dimension (K and V apart, for full attention)."""
+        layer, spec = self._distinct[tensor]
+        cache = layer.kv_cache
+        if not cache.is_contiguous():
+            raise ValueError(f"KV tensor {tensor} is not contiguous: its blocks have no byte segments")
+        inner = math.prod(cache.shape[spec.block_dim + 1:]) * cache.element_size()
+        outer, stride = math.prod(cache.shape[:spec.block_dim]), cache.shape[spec.block_dim] * inner
+        base = cache.data_ptr()
+        return [(base + index * stride + block * inner, inner) for block in block_ids for index in range(outer)]
+
     def write_blocks(self, tensor: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
         """The bytes `read_blocks` gave (of a cache with this layout_id) into blocks `block_ids` of `tensor`."""
         layer, spec = self._distinct[tensor]

@@ -26,9 +26,10 @@ import torch
 import zmq
 
 from rapid_llm.worker_proc.kv_cache import KVCache
+from rapid_llm.worker_proc.kv_mooncake import MooncakeDataPlane
 
 _READ, _DONE, _RELEASE = b"read", b"done", b"release"
-_TENSOR, _END, _GONE = b"tensor", b"end", b"gone"
+_TENSOR, _END, _GONE, _SEGMENTS = b"tensor", b"end", b"gone", b"segments"
 UNKNOWN_LEASE_GRACE_S = 2.0
 
 
@@ -43,8 +44,10 @@ class _Lease:
 class KVSender:
     """The producer's side: leases and the socket readers reach them on (serve from one thread)."""
 
-    def __init__(self, cache: KVCache, address: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, cache: KVCache, address: str, context: zmq.Context | None = None,
+                 mooncake: MooncakeDataPlane | None = None) -> None:
         self.cache = cache
+        self._mooncake = mooncake
         self._socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)
@@ -134,6 +137,8 @@ class KVSender:
         elif not isinstance(first, int) or not 0 <= first <= len(lease.block_ids):
             self._reply(reader, _GONE, {"reason": f"first_block {first!r} is outside the lease's "
                                                   f"{len(lease.block_ids)} blocks"})
+        elif request.get("transport") == "mooncake":
+            self._answer_with_segments(reader, lease, first, tp_size)
         else:
             lease.readers = tp_size
             for tensor in range(self.cache.num_tensors):
@@ -141,6 +146,18 @@ class KVSender:
                 self._socket.send_multipart([reader, _TENSOR, msgspec.msgpack.encode({"tensor": tensor}),
                                              memoryview(data.numpy())], copy=False)
             self._reply(reader, _END, {"tensors": self.cache.num_tensors})
+
+    def _answer_with_segments(self, reader: bytes, lease: _Lease, first: int, tp_size: int) -> None:
+        """A Mooncake reader pulls the blocks itself: where they lie in this cache, and the engine's session."""
+        if self._mooncake is None:
+            self._reply(reader, _GONE, {"reason": "this producer moves KV over ZeroMQ; start both instances with the "
+                                                  "same kv_connector"})
+        elif tp_size > 1:
+            self._reply(reader, _GONE, {"reason": "Mooncake moves whole caches: a tensor-parallel reader needs "
+                                                  "the ZmqConnector"})
+        else:
+            self._reply(reader, _SEGMENTS, {"session": self._mooncake.session,
+                                            "segments": self._mooncake.segments(lease.block_ids[first:])})
 
     def _reply(self, reader: bytes, kind: bytes, body: dict) -> None:
         self._socket.send_multipart([reader, kind, msgspec.msgpack.encode(body)])
@@ -154,10 +171,12 @@ class KVReceiver:
     """The consumer's side: loads into its own cache's blocks; as rank `tp_rank` of a tensor-parallel consumer of
     `tp_size` ranks, the producer sends it only its share of the KV heads."""
 
-    def __init__(self, cache: KVCache, context: zmq.Context | None = None, tp_rank: int = 0, tp_size: int = 1) -> None:
+    def __init__(self, cache: KVCache, context: zmq.Context | None = None, tp_rank: int = 0, tp_size: int = 1,
+                 mooncake: MooncakeDataPlane | None = None) -> None:
         self.cache = cache
         self._context = context or zmq.Context.instance()
         self._tp = (tp_rank, tp_size)
+        self._mooncake = mooncake
 
     def load(self, address: str, transfer_id: str, block_ids: Sequence[int], deadline_s: float,
              first_block: int = 0) -> int:
@@ -171,7 +190,9 @@ class KVReceiver:
             socket.connect(address)
             socket.send_multipart([_READ, msgspec.msgpack.encode({"transfer_id": transfer_id,
                                                                   "layout_id": self.cache.layout_id(),
-                                                                  "first_block": first_block, "tp": self._tp})])
+                                                                  "first_block": first_block, "tp": self._tp,
+                                                                  **({"transport": "mooncake"} if self._mooncake
+                                                                     else {})})])
             try:
                 num_bytes = self._receive(socket, transfer_id, block_ids, deadline)
             except KVLoadError:
@@ -212,6 +233,11 @@ class KVReceiver:
             body = msgspec.msgpack.decode(header.bytes)
             if kind.bytes == _GONE:
                 raise KVLoadError(f"KV transfer {transfer_id!r}: {body['reason']}")
+            if kind.bytes == _SEGMENTS and self._mooncake is not None:
+                try:
+                    return self._mooncake.read(body["session"], body["segments"], block_ids)
+                except ValueError as error:
+                    raise KVLoadError(f"KV transfer {transfer_id!r}: {error}") from error
             if kind.bytes == _TENSOR:
                 tensor = body["tensor"]
                 try:

@@ -25,6 +25,7 @@ from typing import Iterator
 import httpx
 import pytest
 
+from rapid_llm.worker_proc.kv_mooncake import mooncake_missing
 from tests.e2e.server import ServerProcess, free_port
 
 FAMILIES = ["LlamaForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"]
@@ -59,9 +60,9 @@ class RouterProcess:
 
 
 def instance(checkpoint, role: str, *extra: str, lease_ttl_s: float = 120, load_timeout_s: float = 5,
-             kv_ip: str = "127.0.0.1", **server: object) -> ServerProcess:
+             kv_ip: str = "127.0.0.1", connector: str = "ZmqConnector", **server: object) -> ServerProcess:
     """A prefill (kv_producer) or decode (kv_consumer) instance; `server`: ServerProcess's options."""
-    config = {"kv_role": role, "kv_port": free_port(), "kv_ip": kv_ip,
+    config = {"kv_connector": connector, "kv_role": role, "kv_port": free_port(), "kv_ip": kv_ip,
               "kv_connector_extra_config": {"load_timeout_s": load_timeout_s, "lease_ttl_s": lease_ttl_s}}
     return ServerProcess("--model", str(checkpoint), "--served-model-name", MODEL, "--num-kv-blocks", "128",
                          "--kv-transfer-config", json.dumps(config), "--log-level", "warning", *extra, **server)
@@ -237,6 +238,27 @@ def test_a_single_rank_prefill_feeds_a_two_rank_decode(tiny_checkpoint, family: 
         assert routed["choices"][0]["text"] == colocated
         assert routed["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
         assert decode.metrics()["rapid_llm:kv_transfer_loads_total"] == 1
+        assert_idle(prefill, decode)
+    finally:
+        router.stop()
+        prefill.stop()
+        decode.stop()
+
+
+@pytest.mark.skipif(mooncake_missing() is not None, reason=str(mooncake_missing()))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_mooncake_connector_gives_the_colocated_output(tiny_checkpoint, family: str) -> None:
+    checkpoint = tiny_checkpoint(family, max_position_embeddings=512)
+    prefill = instance(checkpoint, "kv_producer", connector="MooncakeConnector")
+    decode = instance(checkpoint, "kv_consumer", connector="MooncakeConnector")
+    router = RouterProcess([prefill.base_url], [decode.base_url])
+    try:
+        for body in ({}, {"n": 3, "temperature": 0.9, "seed": 7}):
+            colocated = colocated_choices(decode, **body)
+            routed = completion(router.base_url, **body)
+            assert [choice["text"] for choice in routed["choices"]] == colocated
+            assert routed["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        assert decode.metrics()["rapid_llm:kv_transfer_loads_total"] == 2
         assert_idle(prefill, decode)
     finally:
         router.stop()

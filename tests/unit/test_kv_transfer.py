@@ -1,7 +1,8 @@
 """The built-in KV transfer (worker_proc/kv_transfer.py) between two caches over ZeroMQ on 127.0.0.1: leased blocks
 arrive byte for byte in the reader's blocks (bf16, fp8 and an MLA latent cache) and the lease ends as done; a lease
 that is unknown, expired or of another layout is refused with the reason and nothing waits; a producer that never
-answers fails the load by its deadline; a lease never read expires."""
+answers fails the load by its deadline; a lease never read expires; each rank of a tensor-parallel reader gets its
+KV heads; with mooncake installed, its data plane (kv_mooncake.py) moves the same bytes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zmq
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.worker_proc.kv_cache import KVCache
+from rapid_llm.worker_proc.kv_mooncake import mooncake_missing
 from rapid_llm.worker_proc.kv_transfer import KVLoadError, KVReceiver, KVSender
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.e2e.server import free_port
@@ -36,9 +38,9 @@ def _cache(checkpoint, cache_dtype: str, block_size: int = 4) -> KVCache:
 class Serving:
     """A producer serving from a thread until stopped; what ended, in order."""
 
-    def __init__(self, cache: KVCache) -> None:
+    def __init__(self, cache: KVCache, mooncake: object = None) -> None:
         self.address = f"tcp://127.0.0.1:{free_port()}"
-        self.sender = KVSender(cache, self.address, zmq.Context())
+        self.sender = KVSender(cache, self.address, zmq.Context(), mooncake)
         self.ended: list[tuple[str, str]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -143,3 +145,27 @@ def test_each_rank_of_a_tensor_parallel_reader_gets_its_heads_and_the_lease_ends
             # [2, blocks, block_size, heads, bytes per head row]
             expected = producer.read_blocks(tensor, [3, 5]).narrow(3, first, per_rank)
             assert torch.equal(cache.read_blocks(tensor, [1, 2]), expected)
+
+
+@pytest.mark.skipif(mooncake_missing() is not None, reason=str(mooncake_missing()))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_mooncake_data_plane_moves_the_same_bytes_and_a_zmq_producer_refuses_it(tiny_checkpoint,
+                                                                                     case: str) -> None:
+    from rapid_llm.worker_proc.kv_mooncake import MooncakeDataPlane
+
+    architecture, cache_dtype = CASES[case]
+    checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
+    producer, consumer = _cache(checkpoint, cache_dtype), _cache(checkpoint, cache_dtype)
+    with Serving(producer, MooncakeDataPlane(producer, "127.0.0.1")) as serving:
+        serving.lease("m1", [3, 5, 7])
+        receiver = KVReceiver(consumer, zmq.Context(), mooncake=MooncakeDataPlane(consumer, "127.0.0.1"))
+        moved = receiver.load(serving.address, "m1", [10, 2], deadline_s=10, first_block=1)
+        assert serving.wait_ended(1) == [("m1", "done")]
+    assert moved == sum(size for tensor in range(producer.num_tensors)
+                        for _, size in producer.block_segments(tensor, [5, 7]))
+    for tensor in range(consumer.num_tensors):
+        assert torch.equal(consumer.read_blocks(tensor, [10, 2]), producer.read_blocks(tensor, [5, 7]))
+    with Serving(_cache(checkpoint, cache_dtype)) as plain:
+        plain.lease("m2", [1])
+        with pytest.raises(KVLoadError, match="start both instances with the same kv_connector"):
+            receiver.load(plain.address, "m2", [1], deadline_s=10)

@@ -36,10 +36,14 @@ def test_a_bad_setting_is_refused_naming_it(value: str | None, mode: str | None,
         KVTransferConfig.parse(value, mode)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mooncake") is not None, reason="mooncake is installed")
-def test_a_connector_whose_library_is_missing_says_how_to_install_it() -> None:
-    with pytest.raises(ValueError, match="pip install mooncake-transfer-engine"):
+def test_a_connector_whose_library_is_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "mooncake" else
+                        find_spec(name, *args))
+    with pytest.raises(ValueError, match=r"pip install 'rapid_llm\[mooncake\]'"):
         KVTransferConfig.parse('{"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"}')
+    with pytest.raises(ValueError, match="NixlConnector.*(needs the nixl module|not wired in yet)"):
+        KVTransferConfig.parse('{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}')
 
 
 @pytest.mark.parametrize(("args", "message"), [
