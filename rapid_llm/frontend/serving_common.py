@@ -30,7 +30,7 @@ from rapid_llm.frontend.metrics import FrontendMetrics
 from rapid_llm.frontend.options import FrontendOptions
 from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
-from rapid_llm.frontend.sse import EventStreamResponse, run_unless_disconnected
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, EventStreamResponse, run_unless_disconnected
 from rapid_llm.frontend.structured_request import check_structured_outputs
 from rapid_llm.ipc.choice_output import ChoiceOutput, expand_beams
 from rapid_llm.ipc.messages import TextDelta
@@ -42,9 +42,6 @@ T = TypeVar("T")
 
 # JSON has no -inf; clients get the same floor vLLM uses.
 MIN_LOGPROB = -9999.0
-
-# Status of the response nobody reads once a non-streaming client has gone (nginx's convention).
-CLIENT_CLOSED_REQUEST = 499
 
 
 class ResponseFormat(Protocol):

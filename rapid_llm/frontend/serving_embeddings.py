@@ -19,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rapid_llm.frontend.errors import bad_request
-from rapid_llm.frontend.serving_common import CLIENT_CLOSED_REQUEST, Serving, json_response
+from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST
 from rapid_llm.frontend.serving_completions import prompt_inputs
 from rapid_llm.ipc.choice_output import ChoiceOutput
 from rapid_llm.sampling import SamplingParams

@@ -21,8 +21,8 @@ from rapid_llm.frontend.chunk_stream import ChunkStream, ItemEvents, named_event
 from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.frontend.messages_protocol import (
     RENAMED_PARAMS, MessagesRequest, MessagesTranslation, anthropic_error_body)
-from rapid_llm.frontend.serving_common import CLIENT_CLOSED_REQUEST, Serving, json_response
-from rapid_llm.frontend.sse import EventStreamResponse
+from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, EventStreamResponse
 
 
 def stop_reason(finish_reason: str | None, matched: str | int | None,

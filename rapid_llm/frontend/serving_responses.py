@@ -24,8 +24,8 @@ from rapid_llm.frontend.errors import OpenAIError
 from rapid_llm.frontend.protocol import ChatMessage, FunctionCall, ToolCall
 from rapid_llm.frontend.responses_output import ResponseShape, ResponsesEvents
 from rapid_llm.frontend.responses_protocol import RENAMED_PARAMS, Conversation, ResponsesRequest, chat_request
-from rapid_llm.frontend.serving_common import CLIENT_CLOSED_REQUEST, Serving, json_response
-from rapid_llm.frontend.sse import EventStreamResponse
+from rapid_llm.frontend.serving_common import Serving, json_response
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, EventStreamResponse
 
 # Conversations kept for previous_response_id; each holds at most a context's worth of text.
 MAX_STORED_RESPONSES = 512

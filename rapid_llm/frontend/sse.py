@@ -16,6 +16,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 DONE_EVENT = b"data: [DONE]\n\n"
+# Status of the response nobody reads once a non-streaming client has gone (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
 
 T = TypeVar("T")
 

@@ -5,7 +5,8 @@ token with `kv_transfer_params: {"do_remote_decode": true}` (n, beams and stream
 unchanged apart from the `kv_transfer_params` the prefill answered with, to a decode instance, whose answer
 (streamed or not) is passed through; a completions batch of prompts goes to the decode instance alone. Key design choice: a prefill instance that cannot be reached or fails (5xx)
 costs only time: the decode instance then prefills the prompt itself; its own refusals (4xx) go to the client.
-A client that disconnects closes the upstream request, which aborts it on that instance. /v1/models is the first
+A client that disconnects (before the answer, or while it streams) closes the upstream request, which aborts it on
+that instance. /v1/models is the first
 decode instance's, /health is 200 only when every instance answers, /metrics counts requests per instance.
 Usage: `app = build_app(prefill_pool, decode_pool)`, served by `python -m rapid_llm.router`.
 """
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, run_unless_disconnected
 from rapid_llm.router.instances import Instance, InstancePool
 
 logger = logging.getLogger(__name__)
@@ -57,8 +59,12 @@ class Router:
             return error_response(400, f"the body is not JSON: {error}", "invalid_request_error")
         if not isinstance(body, dict):
             return error_response(400, "the body must be a JSON object", "invalid_request_error")
-        headers = auth_headers(request)
-        path = request.url.path
+        answer = await run_unless_disconnected(self._route(request.url.path, body, auth_headers(request)),
+                                               request.receive)
+        # None: the client left first; cancelling closed the upstream request, which aborts it on that instance.
+        return Response(status_code=CLIENT_CLOSED_REQUEST) if answer is None else answer
+
+    async def _route(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Response:
         refused = kv_transfer_params = None
         # A batch of prompts (completions) is prefilled where it is decoded: an answer names one prompt's KV.
         prompt = body.get("prompt")

@@ -7,8 +7,9 @@ cached are identical through the router, and the decode instance reports the tra
 2P1D and 1P2D (each family); a single-rank prefill instance feeding a two-rank decode instance (each rank loads its share of the
 KV heads, or the whole MLA latent). Faults (Llama): a prefill instance killed with SIGKILL after it answered and a
 load from an address nobody serves (aborted by its client while loading) end in a local prefill or an abort; an
-unreachable prefill instance makes the router let the decode instance prefill. After every case both instances
-report 0 KV blocks in use and 0 running requests.
+unreachable prefill instance makes the router let the decode instance prefill; a client that leaves the router
+(before the answer, or while it streams) aborts its request on the decode instance. After every case both
+instances report 0 KV blocks in use and 0 running requests.
 """
 
 from __future__ import annotations
@@ -142,6 +143,33 @@ def test_blocks_the_decode_instance_has_cached_are_kept(deployment) -> None:
     assert routed["choices"][0]["text"] == colocated
     assert routed["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
     assert_idle(prefill, decode)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_leaves_aborts_its_request_where_it_runs(deployment, stream: bool) -> None:
+    prefill, decode, router = deployment
+    before = aborted(prefill) + aborted(decode)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "n": 4, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{router.base_url}/v1/completions", timeout=30, json=body) as answer:
+            next(answer.iter_bytes())  # the first chunk, then the connection is closed unread
+    else:
+        # The client gives up while the prefill or (more likely) the decode instance works on its request.
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{router.base_url}/v1/completions", timeout=0.2, json=body)
+    deadline = time.monotonic() + 10
+    while aborted(prefill) + aborted(decode) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert aborted(prefill) + aborted(decode) > before
+    assert_idle(prefill, decode)
+
+
+def aborted(server: ServerProcess) -> float:
+    """Choices the instance ended with finish reason abort, since start."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=5).text
+    lines = [line for line in text.splitlines() if line.startswith("rapid_llm:request_success_total")
+             and 'finished_reason="abort"' in line]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
 @pytest.fixture(scope="module")
