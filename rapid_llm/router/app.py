@@ -21,11 +21,11 @@ from typing import Any, AsyncIterator
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, run_unless_disconnected
-from rapid_llm.router.instances import Instance, InstancePool
+from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, EventStreamResponse, run_unless_disconnected
+from rapid_llm.router.instances import InstancePool
 
 logger = logging.getLogger(__name__)
 # What the prefill instance must not see: it computes the prompt once and samples one token.
@@ -109,8 +109,14 @@ class Router:
                 finally:
                     await answer.aclose()
                 return Response(content, answer.status_code, media_type=answer.headers.get("content-type"))
-            instance.in_flight += 1  # the stream outlives this block; `relay` ends it
-        return StreamingResponse(relay(answer, instance), media_type=answer.headers.get("content-type"))
+            instance.in_flight += 1  # the stream outlives this block; `close` ends it
+
+        async def close() -> None:
+            instance.in_flight -= 1
+            await answer.aclose()
+
+        # Run even if the stream never starts (the client left at once), so the upstream request is aborted.
+        return EventStreamResponse(answer.aiter_raw(), close=close)
 
     async def models(self, request: Request) -> Response:
         instance = self.decode.instances[0]
@@ -140,16 +146,6 @@ class Router:
             lines += [f'{name}{{instance="{item.url}",role="{item.role}"}} {getattr(item, field)}'
                       for item in self.prefill.instances + self.decode.instances]
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
-
-
-async def relay(answer: httpx.Response, instance: Instance) -> AsyncIterator[bytes]:
-    """The decode instance's stream, byte for byte; closing it (the client left) closes the upstream request."""
-    try:
-        async for chunk in answer.aiter_raw():
-            yield chunk
-    finally:
-        instance.in_flight -= 1
-        await answer.aclose()
 
 
 def build_app(prefill: InstancePool, decode: InstancePool, timeout_s: float = 600.0,

@@ -17,6 +17,7 @@ producer's request ends, `stage`, `advance` and `on_events` for loads, `admitted
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -39,20 +40,25 @@ class _Load:
     ready_after_step: int | None = None  # set once blocks are held: steps before it must report first
     sent: bool = False
     reports: list[KVTransferEnded] = field(default_factory=list)  # one per worker rank once sent
+    staged_at: float = field(default_factory=time.monotonic)
 
 
 class RemoteKV:
     def __init__(self, config: KVTransferConfig, blocks: BlockManager, prefix_cache: PrefixCache,
-                 block_size: int, num_ranks: int = 1) -> None:
+                 block_size: int, num_ranks: int = 1, reserve_blocks: int = 0) -> None:
         self.config = config
         self.engine_id = config.engine_id or uuid.uuid4().hex[:12]
         self._blocks = blocks
         self._prefix_cache = prefix_cache
         self._block_size = block_size
         self._num_ranks = num_ranks
+        # Free blocks loads never take: with every other block pinned or loading, the request at the head of the
+        # queue can still start (one step's chunk), so what holds blocks always moves on.
+        self._reserve = reserve_blocks
         self._leases: dict[str, list[int]] = {}
         self._loads: dict[str, _Load] = {}  # staged or being read, by transfer id
-        self._pinned: dict[str, _Load] = {}  # loaded, until each of its requests is admitted or ends
+        # Loaded, until each of its requests is admitted or ends (a retry under the same id may load again).
+        self._pinned: dict[str, list[_Load]] = {}
         self.commands: list[KVLease | KVLoad] = []  # for the agent, taken by the process loop
         # Since start: loads that ended in blocks, loads that failed, their bytes and seconds, leases expired.
         self.num_loads = self.num_failures = self.num_bytes = self.num_expired = 0
@@ -89,13 +95,30 @@ class RemoteKV:
 
     # ---- consumer ------------------------------------------------------------------------------
 
-    def stage(self, request: RequestState, params: KVTransferParams) -> None:
-        """Hold a request until its prompt's KV is loaded (or the load fails); choices of one prompt share a load."""
-        load = self._loads.get(params.transfer_id)
+    def stage(self, request: RequestState, params: KVTransferParams) -> bool:
+        """Hold a request until its prompt's KV is loaded (or the load fails); choices of one prompt share a load.
+        False: it cannot start from that KV (another prompt's, or it asks prompt logprobs): it prefills locally."""
+        transfer_id = params.transfer_id
+        if not self._matches(request, params):
+            logger.warning("KV transfer %s: the prefill instance's blocks do not serve request %s (another prompt, "
+                           "or prompt logprobs); it prefills locally", transfer_id, request.request_id)
+            if transfer_id not in self._loads and transfer_id not in self._pinned:
+                self.commands.append(KVLoad(transfer_id, params.address, [], 0, self.config.load_timeout_s))
+            return False
+        load = self._loads.get(transfer_id)
         if load is None:
-            self._loads[params.transfer_id] = _Load(params, [request])
+            self._loads[transfer_id] = _Load(params, [request])
         else:
             load.requests.append(request)
+        return True
+
+    def _matches(self, request: RequestState, params: KVTransferParams) -> bool:
+        """Whether the leased blocks are this request's prompt (its chained hash of the last one) and it would
+        start from cached blocks at all; every request of a load passes this, so its blocks are registered under
+        the hashes that were checked."""
+        num_remote = len(params.remote_block_ids)
+        return (self._prefix_cache.serves(request) and 0 < num_remote <= (request.num_tokens - 1) // self._block_size
+                and request.block_hashes(num_remote)[num_remote - 1].hex() == params.last_block_hash)
 
     def advance(self, next_step_id: int, oldest_inflight_step: int | None) -> list[RequestState]:
         """Give staged loads their blocks and send those whose blocks no earlier step can write any more; the
@@ -114,27 +137,20 @@ class RemoteKV:
         return ready
 
     def _hold_blocks(self, transfer_id: str, load: _Load, next_step_id: int) -> bool:
-        """Take the local hits and allocate the rest; False when the load is not needed (dropped, lease released)
-        or must wait for free blocks (kept)."""
+        """Take the local hits and allocate the rest; False when the load is not needed (all cached here), gave up
+        waiting for free blocks (both: dropped, lease released) or must wait for them (kept)."""
         lead, params = load.requests[0], load.params
         num_remote = len(params.remote_block_ids)
-        max_blocks = (lead.num_tokens - 1) // self._block_size
-        if not self._prefix_cache.serves(lead):
-            # It would not start from the blocks (prompt logprobs, mean pooling): nothing to load.
-            self._end_unsent(transfer_id, load)
-            return False
-        if num_remote == 0 or num_remote > max_blocks or \
-                lead.block_hashes(num_remote)[num_remote - 1].hex() != params.last_block_hash:
-            logger.warning("KV transfer %s: the prefill instance's blocks are not this prompt's; prefilling locally",
-                           transfer_id)
-            self._end_unsent(transfer_id, load)
-            return False
         hits = self._prefix_cache.lookup(lead)[:num_remote]
         if len(hits) == num_remote:
             self._end_unsent(transfer_id, load)
             return False
         num_new = num_remote - len(hits)
-        if not self._blocks.can_allocate(num_new + self._blocks.num_unreferenced(hits)):
+        if not self._blocks.can_allocate(num_new + self._blocks.num_unreferenced(hits) + self._reserve):
+            if time.monotonic() - load.staged_at > self.config.load_timeout_s:
+                logger.warning("KV transfer %s: no free blocks to load into for %.0f s; prefilling locally",
+                               transfer_id, self.config.load_timeout_s)
+                self._end_unsent(transfer_id, load)
             return False
         self._blocks.share(hits)
         load.held = hits + self._blocks.allocate(num_new)
@@ -149,11 +165,15 @@ class RemoteKV:
         load.held = []
         self.commands.append(KVLoad(transfer_id, load.params.address, [], 0, self.config.load_timeout_s))
 
-    def on_events(self, events: list[KVTransferEnded]) -> list[RequestState]:
-        """Leases that ended free their blocks; loads that ended return their requests, to be queued."""
-        ready: list[RequestState] = []
+    def on_events(self, events: list[KVTransferEnded]) -> tuple[list[RequestState], list[RequestState]]:
+        """Leases that ended free their blocks; loads that ended return their requests, to be queued: those whose
+        blocks loaded (pinned: they go first), then those that prefill locally."""
+        loaded: list[RequestState] = []
+        failed: list[RequestState] = []
         for event in events:
-            if event.transfer_id in self._leases:
+            if event.status in ("done", "released", "expired"):
+                if event.transfer_id not in self._leases:
+                    continue
                 if event.status == "expired":
                     self.num_expired += 1
                     logger.warning("KV transfer %s: no decode instance read it in %.0f s; its blocks are freed",
@@ -161,16 +181,17 @@ class RemoteKV:
                 self._blocks.free(reversed(self._leases.pop(event.transfer_id)))
                 continue
             load = self._loads.get(event.transfer_id)
-            if load is None:
+            if load is None or not load.sent:
                 continue
             # Each rank loads its share of the heads: the load has ended once every rank has said how.
             load.reports.append(event)
             if len(load.reports) == self._num_ranks:
                 del self._loads[event.transfer_id]
-                ready += self._load_ended(event.transfer_id, load)
-        return ready
+                (failed if self._load_ended(event.transfer_id, load) else loaded).extend(load.requests)
+        return loaded, failed
 
-    def _load_ended(self, transfer_id: str, load: _Load) -> list[RequestState]:
+    def _load_ended(self, transfer_id: str, load: _Load) -> bool:
+        """Account for the load and register (and pin) or free its blocks; whether it failed."""
         failures = [report.reason for report in load.reports if report.status != "loaded"]
         if failures:
             self.num_failures += 1
@@ -187,8 +208,8 @@ class RemoteKV:
             for index in range(load.num_local, len(load.held)):
                 if self._blocks.cached_block(hashes[index]) is None:
                     self._blocks.cache_block(load.held[index], hashes[index])
-            self._pinned[transfer_id] = load
-        return load.requests
+            self._pinned.setdefault(transfer_id, []).append(load)
+        return bool(failures)
 
     def admitted(self, request: RequestState) -> None:
         """The request took its blocks as prefix hits: the load's pin on them is no longer needed for it."""
@@ -197,14 +218,19 @@ class RemoteKV:
     def drop(self, request: RequestState) -> None:
         """The request no longer waits on its load (admitted, finished or aborted)."""
         transfer_id = request.params.kv_transfer_params.transfer_id
-        load = self._loads.get(transfer_id) or self._pinned.get(transfer_id)
-        if load is None or request not in load.requests:
+        # A retry of the same transfer id may be staged while an earlier load of it is pinned: find the request's.
+        load = next((candidate for candidate in (*self._pinned.get(transfer_id, ()), self._loads.get(transfer_id))
+                     if candidate is not None and request in candidate.requests), None)
+        if load is None:
             return
         load.requests.remove(request)
         if load.requests:
             return
-        if transfer_id in self._pinned:
-            del self._pinned[transfer_id]
+        pinned = self._pinned.get(transfer_id, [])
+        if load in pinned:
+            pinned.remove(load)
+            if not pinned:
+                del self._pinned[transfer_id]
             self._blocks.free(reversed(load.held))
         elif not load.sent:
             self._end_unsent(transfer_id, load)

@@ -42,7 +42,8 @@ class Scheduler(StepResults):
         """Queue a new request; `RequestRejected` if it is refused, `DuplicateRequestId` if its id is in use."""
         if request.request_id in self._requests:
             raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
-        check_admissible(request, self.config, len(self._waiting))
+        loading = self.remote_kv.num_loading_requests if self.remote_kv is not None else 0
+        check_admissible(request, self.config, len(self._waiting) + loading)
         state = RequestState(request, self.config.max_model_len, self.config.block_size, len(self.config.kv_windows))
         if request.params.use_beam_search:
             max_new_tokens = min(state.max_tokens, self.config.max_model_len - state.num_prompt_tokens)
@@ -57,9 +58,8 @@ class Scheduler(StepResults):
         state.policy = self.policy_for(state)
         self._requests[request.request_id] = state
         remote = request.params.kv_transfer_params
-        if remote is not None and remote.do_remote_prefill:
+        if remote is not None and remote.do_remote_prefill and self.remote_kv.stage(state, remote):
             state.status = RequestStatus.LOADING
-            self.remote_kv.stage(state, remote)
         else:
             self._waiting.append(state)
         self._detokenize_requests.append(

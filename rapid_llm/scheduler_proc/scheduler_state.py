@@ -70,7 +70,9 @@ class SchedulerState:
         self._itl_target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
         self.remote_kv = (None if config.kv_transfer is None else
                           RemoteKV(config.kv_transfer, self._blocks, self._prefix_cache, config.block_size,
-                                   config.num_worker_ranks))
+                                   config.num_worker_ranks, reserve_blocks=min(
+                                       config.num_kv_blocks // 2,
+                                       self._blocks.blocks_for_tokens(config.max_num_batched_tokens))))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request is unfinished."""
@@ -148,7 +150,12 @@ class SchedulerState:
         if self.remote_kv is None:
             return []
         oldest = self._inflight[0].step_id if self._inflight else None
-        for request in self.remote_kv.on_events(list(events)) + self.remote_kv.advance(self._next_step_id, oldest):
+        loaded, others = self.remote_kv.on_events(list(events))
+        # Loaded requests first: their blocks are pinned until they are admitted.
+        for request in reversed(loaded):
+            request.status = RequestStatus.WAITING
+            self._waiting.appendleft(request)
+        for request in others + self.remote_kv.advance(self._next_step_id, oldest):
             request.status = RequestStatus.WAITING
             self._waiting.append(request)
         commands, self.remote_kv.commands = self.remote_kv.commands, []

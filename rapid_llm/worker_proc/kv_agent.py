@@ -80,17 +80,22 @@ class KVAgent:
                 return
             self._sender.lease(command.transfer_id, command.block_ids, command.ttl_s)
         else:
-            self._loads.submit(self._load, command)
+            self._loads.submit(self._load, command, time.monotonic())
 
-    def _load(self, command: KVLoad) -> None:
+    def _load(self, command: KVLoad, received: float) -> None:
+        # The deadline counts from the command's arrival: waiting for a pool thread spends it too.
+        deadline_s = command.deadline_s - (time.monotonic() - received)
         if not command.block_ids:
             if self._rank == 0:  # one release per lease, whatever the ranks
-                self._receiver.release(command.address, command.transfer_id, command.deadline_s)
+                self._receiver.release(command.address, command.transfer_id, max(deadline_s, 1.0))
             return
         started = time.monotonic()
         try:
-            num_bytes = self._receiver.load(command.address, command.transfer_id, command.block_ids,
-                                            command.deadline_s, first_block=command.first_block)
+            if deadline_s <= 0:
+                raise KVLoadError(f"KV transfer {command.transfer_id!r}: its deadline passed while it waited for one "
+                                  f"of the {MAX_CONCURRENT_LOADS} load threads")
+            num_bytes = self._receiver.load(command.address, command.transfer_id, command.block_ids, deadline_s,
+                                            first_block=command.first_block)
             ended = KVTransferEnded(command.transfer_id, "loaded", num_bytes=num_bytes,
                                     seconds=time.monotonic() - started)
         except KVLoadError as error:

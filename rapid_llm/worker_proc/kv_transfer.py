@@ -138,6 +138,8 @@ class KVSender:
             self._reply(reader, _GONE, {"reason": f"first_block {first!r} is outside the lease's "
                                                   f"{len(lease.block_ids)} blocks"})
         elif request.get("transport") == "mooncake":
+            # The reader pulls after this answer: the blocks stay leased at least until its deadline.
+            lease.expires_at = max(lease.expires_at, time.monotonic() + float(request.get("deadline_s", 0)) + 1.0)
             self._answer_with_segments(reader, lease, first, tp_size)
         else:
             lease.readers = tp_size
@@ -191,6 +193,7 @@ class KVReceiver:
             socket.send_multipart([_READ, msgspec.msgpack.encode({"transfer_id": transfer_id,
                                                                   "layout_id": self.cache.layout_id(),
                                                                   "first_block": first_block, "tp": self._tp,
+                                                                  "deadline_s": deadline_s,
                                                                   **({"transport": "mooncake"} if self._mooncake
                                                                      else {})})])
             try:
@@ -219,7 +222,10 @@ class KVReceiver:
     def _confirm(socket: zmq.Socket, kind: bytes, transfer_id: str, deadline: float) -> None:
         """Best effort: a lost confirmation only keeps the producer's blocks until its lease expires."""
         socket.setsockopt(zmq.LINGER, max(0, int(1000 * (deadline - time.monotonic()))))
-        socket.send_multipart([kind, msgspec.msgpack.encode({"transfer_id": transfer_id})], zmq.NOBLOCK)
+        try:
+            socket.send_multipart([kind, msgspec.msgpack.encode({"transfer_id": transfer_id})], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # never connected: nothing to confirm to
 
     def _receive(self, socket: zmq.Socket, transfer_id: str, block_ids: Sequence[int], deadline: float) -> int:
         written: set[int] = set()
@@ -235,9 +241,13 @@ class KVReceiver:
                 raise KVLoadError(f"KV transfer {transfer_id!r}: {body['reason']}")
             if kind.bytes == _SEGMENTS and self._mooncake is not None:
                 try:
-                    return self._mooncake.read(body["session"], body["segments"], block_ids)
+                    num_bytes = self._mooncake.read(body["session"], body["segments"], block_ids)
                 except ValueError as error:
                     raise KVLoadError(f"KV transfer {transfer_id!r}: {error}") from error
+                if time.monotonic() > deadline:
+                    # The producer keeps the blocks until the deadline only: after it they may hold other KV.
+                    raise KVLoadError(f"KV transfer {transfer_id!r}: Mooncake's read ended after the deadline")
+                return num_bytes
             if kind.bytes == _TENSOR:
                 tensor = body["tensor"]
                 try:

@@ -240,3 +240,58 @@ def test_a_tensor_parallel_load_ends_when_every_rank_has_reported(second: str) -
     assert (stats.kv_transfer_loads, stats.kv_transfer_failures, stats.kv_transfer_bytes) == (
         (1, 0, 20) if second == "loaded" else (0, 1, 0))
     assert consumer.blocks_used() == 0
+
+
+def test_loads_leave_free_blocks_so_loaded_and_queued_requests_always_move_on() -> None:
+    producer = Side(PRODUCER)
+    consumer = Side(CONSUMER, num_kv_blocks=9, max_model_len=32, max_num_batched_tokens=8)  # 2 blocks kept free
+    first = prefill(producer)
+    other = list(range(21, 39))
+    producer.scheduler.add_request(generate("p2", other, KVTransferParams(do_remote_decode=True), max_tokens=1,
+                                            ignore_eos=True))
+    producer.run()
+    producer.exchange()
+    second = producer.outputs()["p2"].kv_transfer_params
+    consumer.scheduler.add_request(generate("a", PROMPT, first, max_tokens=4, ignore_eos=True))
+    consumer.scheduler.add_request(generate("b", other, second, max_tokens=4, ignore_eos=True))
+    (load,) = loads(consumer.exchange())  # the second would leave fewer than 2 free blocks: it waits
+    copy_kv(producer, consumer, load)
+    consumer.exchange([KVTransferEnded(load.transfer_id, "loaded")])
+    consumer.run()
+    (later,) = loads(consumer.exchange())
+    copy_kv(producer, consumer, later)
+    consumer.exchange([KVTransferEnded(later.transfer_id, "loaded")])
+    consumer.run()
+    assert set(consumer.outputs()) == {"a", "b"} and consumer.blocks_used() == 0
+
+
+def test_a_retry_under_a_pinned_transfer_id_and_an_abort_leave_no_pin_behind() -> None:
+    producer, consumer = Side(PRODUCER), Side(CONSUMER)
+    params = prefill(producer)
+    consumer.scheduler.add_request(generate("a", PROMPT, params, max_tokens=4, ignore_eos=True))
+    (load,) = consumer.exchange()
+    copy_kv(producer, consumer, load)
+    consumer.exchange([KVTransferEnded(load.transfer_id, "loaded")])  # a waits, its blocks pinned
+    consumer.scheduler.add_request(generate("a2", PROMPT, params, max_tokens=4, ignore_eos=True))
+    consumer.scheduler.abort_request("a")
+    consumer.run()
+    assert consumer.blocks_used() == 0 and not consumer.scheduler.has_unfinished_requests()
+
+
+def test_a_request_of_another_prompt_never_shares_a_load_nor_its_cached_blocks() -> None:
+    producer, consumer = Side(PRODUCER), Side(CONSUMER)
+    params = prefill(producer)
+    other = list(range(40, 58))
+    consumer.scheduler.add_request(generate("a", PROMPT, params, max_tokens=4, ignore_eos=True))
+    consumer.scheduler.add_request(generate("b", other, params, max_tokens=4, ignore_eos=True))  # refused the load
+    (load,) = loads(consumer.exchange())
+    copy_kv(producer, consumer, load)
+    consumer.scheduler.abort_request("a")  # the load's only request leaves while it is read
+    consumer.exchange([KVTransferEnded(load.transfer_id, "loaded")])
+    consumer.run()
+    consumer.outputs()
+    consumer.scheduler.add_request(generate("c", other, None, max_tokens=4, ignore_eos=True))
+    consumer.run()  # the fake worker asserts that a hit holds the tokens it was registered for
+    expected = reference(GenerateRequest("c", other, SamplingParams(max_tokens=4, ignore_eos=True)),
+                         consumer.config, hashed_model)
+    assert consumer.outputs()["c"].token_ids == expected.token_ids and consumer.blocks_used() == 0
