@@ -147,7 +147,11 @@ class RemoteKV:
             return False
         num_new = num_remote - len(hits)
         if not self._blocks.can_allocate(num_new + self._blocks.num_unreferenced(hits) + self._reserve):
-            if time.monotonic() - load.staged_at > self.config.load_timeout_s:
+            if num_new + self._reserve > self._blocks.num_blocks:
+                logger.warning("KV transfer %s: %d blocks to load and %d kept free exceed the cache's %d; "
+                               "prefilling locally", transfer_id, num_new, self._reserve, self._blocks.num_blocks)
+                self._end_unsent(transfer_id, load)
+            elif time.monotonic() - load.staged_at > self.config.load_timeout_s:
                 logger.warning("KV transfer %s: no free blocks to load into for %.0f s; prefilling locally",
                                transfer_id, self.config.load_timeout_s)
                 self._end_unsent(transfer_id, load)

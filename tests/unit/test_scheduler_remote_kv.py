@@ -295,3 +295,14 @@ def test_a_request_of_another_prompt_never_shares_a_load_nor_its_cached_blocks()
     expected = reference(GenerateRequest("c", other, SamplingParams(max_tokens=4, ignore_eos=True)),
                          consumer.config, hashed_model)
     assert consumer.outputs()["c"].token_ids == expected.token_ids and consumer.blocks_used() == 0
+
+
+def test_a_load_that_could_never_fit_beside_the_reserve_prefills_locally_at_once() -> None:
+    producer = Side(PRODUCER)
+    consumer = Side(CONSUMER, num_kv_blocks=7, max_model_len=28, max_num_batched_tokens=32)  # 3 blocks kept free
+    prompt = list(range(1, 27))  # 6 full blocks leased: 6 + 3 > 7
+    params = prefill(producer, prompt)
+    consumer.scheduler.add_request(generate("d", prompt, params, max_tokens=2, ignore_eos=True))
+    (release,) = consumer.exchange()  # at once, not after load_timeout_s
+    assert release.block_ids == [] and consumer.scheduler.stats().num_waiting == 1
+    assert first_chunk(consumer.run(), "d").num_computed_tokens == 0
