@@ -14,12 +14,17 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import rapid_llm
 
 from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
 from rapid_llm.quantization.registry import online_names
+
+if TYPE_CHECKING:
+    from rapid_llm.config.kv_transfer_config import KVTransferConfig
+    from rapid_llm.config.parallel_config import ParallelConfig
+    from rapid_llm.config.speculative_config import SpeculativeConfig
 
 DEFAULT_PORT = 30000
 MAX_PORT = 65535
@@ -327,7 +332,8 @@ class ServerArgs:
         )
 
 
-    def _check_disaggregation(self, kv_transfer: Any, parallel: Any, speculative: Any) -> None:
+    def _check_disaggregation(self, kv_transfer: KVTransferConfig, parallel: ParallelConfig,
+                              speculative: SpeculativeConfig | None) -> None:
         """What the built-in KV transfer cannot do yet, refused at start with the reason."""
         if parallel.data_parallel_size > 1 or parallel.nnodes > 1:
             raise ValueError("--kv-transfer-config with data or multi-node parallelism: the transfer agents reach one "

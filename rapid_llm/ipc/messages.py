@@ -1,8 +1,8 @@
 """Every message that crosses a process boundary, as msgspec Structs (no pickle anywhere).
 
 Flow: frontend -> scheduler (GenerateRequest, GenerateBatch, AbortRequest, FlushCache); scheduler -> worker ranks
-(StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> rank 0's KV transfer agent
-(KVLease, KVLoad) and back (KVTransferEvents, on the workers' channel); scheduler -> detokenizer
+(StepPlan, Shutdown); worker rank 0 -> scheduler (WorkerReady, StepResult); scheduler -> each rank's KV transfer
+agent (KVLease, KVLoad) and back (KVTransferEvents, on the workers' channel); scheduler -> detokenizer
 (TokenBatch); detokenizer -> frontend (TextBatch); scheduler -> frontend (SchedulerStats,
 FlushCacheResult).
 Scheduler -> worker traffic carries per-step deltas (new requests, tokens to compute, new blocks,
@@ -141,11 +141,12 @@ class Shutdown(_Message):
     pass
 
 
-# ---- scheduler -> KV transfer agent (worker rank 0) and back -----------------------------------
+# ---- scheduler -> KV transfer agents (one per worker rank) and back ------------------------------
 
 
 class KVLease(_Message):
-    """Serve blocks `block_ids` (held by the scheduler until the lease ends) to one reader of `transfer_id`."""
+    """Serve blocks `block_ids` (held by the scheduler until the lease ends) to the reader of `transfer_id` (each
+    rank of a tensor-parallel reader reads its share)."""
 
     transfer_id: str
     block_ids: list[int]

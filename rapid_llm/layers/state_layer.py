@@ -4,9 +4,9 @@ A `StateLayer` declares a `StateSpec`; the worker's state cache group allocates 
 [max_num_seqs + 1 + snapshots + scratch, *shape]: a row per input-batch slot (the scheduler's slot allocator
 allocates them), a padding row, the snapshot rows, then the speculative scratch rows. Each step the group
 builds one `StateMetadata` (ops/state_metadata.py) for all state layers, which a layer reads with
-`batch.metadata_for(self)`, and zeroes
-the rows of sequences whose chunk starts at token 0 before the forward: a layer only reads and updates its
-sequences' rows, so chunked prefill carries state from chunk to chunk and a preempted request starts afresh.
+`batch.metadata_for(self)`, and zeroes the rows of sequences whose chunk starts at token 0 before the forward: a
+layer only reads and updates its sequences' rows, so chunked prefill carries state from chunk to chunk and a
+preempted request starts afresh.
 State is not per block: prefix hits go through snapshots (worker_proc/state_group.py), speculative decoding
 through the state after each token of a chunk that verifies drafts, which a layer keeps where
 `StateMetadata.kept` says and the worker restores after the accepted ones; beams are not forked (refused).

@@ -1,9 +1,8 @@
 """Op cases of the state ops (causal_conv, gated_delta_rule, ssd_scan): a step's sequences over rows of a state tensor.
 
 Variants: "decode" (one token per sequence, `num_tokens` sequences, the first one's state kept), "mixed" (a
-prefill of over one 64-token chunk
-that keeps the states after its 16th and last tokens, as state snapshots do, a chunk continuing from its state, a
-fresh chunk, a decode) and "verify" (two chunks verifying drafts, the state after each of their tokens kept, as
+prefill of over one 64-token chunk that keeps the states after its 16th and last tokens, as state snapshots do, a
+chunk continuing from its state, a fresh chunk, a decode) and "verify" (two chunks verifying drafts, the state after each of their tokens kept, as
 speculative decoding keeps them). Each implementation runs only where its predicate holds (the decode form on
 "decode", the chunked form on "mixed"); torch_ref runs on all.
 Usage: `STATE_OP_CASES["gated_delta_rule"].build(config, "mixed")`.

@@ -72,9 +72,7 @@ class Router:
             refused, kv_transfer_params = await self._prefill(path, body, headers)
         if refused is not None:
             return refused
-        decode_body = {**body, "kv_transfer_params": kv_transfer_params}
-        if kv_transfer_params is None:
-            decode_body.pop("kv_transfer_params")
+        decode_body = body if kv_transfer_params is None else {**body, "kv_transfer_params": kv_transfer_params}
         return await self._decode(path, decode_body, headers)
 
     async def _prefill(self, path: str, body: dict[str, Any], headers: dict[str, str]

@@ -58,9 +58,13 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
 def check_kv_transfer(request: GenerateRequest, config: SchedulerConfig) -> None:
     """A remote decode needs a producer instance, a remote prefill a consumer (docs/disaggregation.md)."""
     remote, role = request.params.kv_transfer_params, config.kv_transfer
-    needed = "kv_producer" if remote.do_remote_decode else "kv_consumer" if remote.do_remote_prefill else None
-    if needed == "kv_producer" and (role is None or not role.is_producer) or \
-            needed == "kv_consumer" and (role is None or not role.is_consumer):
+    if remote.do_remote_decode:
+        needed, served = "kv_producer", role is not None and role.is_producer
+    elif remote.do_remote_prefill:
+        needed, served = "kv_consumer", role is not None and role.is_consumer
+    else:
+        return
+    if not served:
         raise RequestRejected(f"request {request.request_id}: kv_transfer_params asks for a {needed} instance; this "
                               f"one was started {'without --kv-transfer-config' if role is None else role.kv_role}")
 

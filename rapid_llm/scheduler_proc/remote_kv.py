@@ -65,10 +65,6 @@ class RemoteKV:
         self.seconds = 0.0
 
     @property
-    def num_leases(self) -> int:
-        return len(self._leases)
-
-    @property
     def num_loading_requests(self) -> int:
         return sum(len(load.requests) for load in self._loads.values())
 
@@ -122,7 +118,7 @@ class RemoteKV:
 
     def advance(self, next_step_id: int, oldest_inflight_step: int | None) -> list[RequestState]:
         """Give staged loads their blocks and send those whose blocks no earlier step can write any more; the
-        requests that need no load (all cached here, another prompt) are returned, to be queued."""
+        requests that need no load (all cached here) or gave up waiting for blocks are returned, to be queued."""
         ready: list[RequestState] = []
         for transfer_id, load in list(self._loads.items()):
             if load.ready_after_step is None and not self._hold_blocks(transfer_id, load, next_step_id):

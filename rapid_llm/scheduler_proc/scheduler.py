@@ -44,6 +44,7 @@ class Scheduler(StepResults):
             raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
         loading = self.remote_kv.num_loading_requests if self.remote_kv is not None else 0
         check_admissible(request, self.config, len(self._waiting) + loading)
+        remote = request.params.kv_transfer_params
         state = RequestState(request, self.config.max_model_len, self.config.block_size, len(self.config.kv_windows))
         if request.params.use_beam_search:
             max_new_tokens = min(state.max_tokens, self.config.max_model_len - state.num_prompt_tokens)
@@ -51,13 +52,11 @@ class Scheduler(StepResults):
         if self._speculation is not None:
             blocker = speculation_blocker(request.params)
             # A prefill instance's request samples one token: nothing to draft for.
-            remote = request.params.kv_transfer_params
             state.speculates = blocker is None and not (remote is not None and remote.do_remote_decode)
             if blocker is not None:
                 logger.debug("request %s decodes without speculation: %s", request.request_id, blocker)
         state.policy = self.policy_for(state)
         self._requests[request.request_id] = state
-        remote = request.params.kv_transfer_params
         if remote is not None and remote.do_remote_prefill and self.remote_kv.stage(state, remote):
             state.status = RequestStatus.LOADING
         else:

@@ -149,13 +149,12 @@ class SchedulerState:
         return the commands for the agent (none without --kv-transfer-config)."""
         if self.remote_kv is None:
             return []
-        oldest = self._inflight[0].step_id if self._inflight else None
         loaded, others = self.remote_kv.on_events(list(events))
         # Loaded requests first: their blocks are pinned until they are admitted.
         for request in reversed(loaded):
             request.status = RequestStatus.WAITING
             self._waiting.appendleft(request)
-        for request in others + self.remote_kv.advance(self._next_step_id, oldest):
+        for request in others + self.remote_kv.advance(self._next_step_id, self.oldest_inflight_step_id):
             request.status = RequestStatus.WAITING
             self._waiting.append(request)
         commands, self.remote_kv.commands = self.remote_kv.commands, []

@@ -4,9 +4,8 @@ conv, recurrent) start a request from a prefix-cache hit.
 Key design choice: a snapshot is the state after a full block, kept under that block's chained hash -- the same
 key as the KV -- in a `BlockManager` of its own (reference counts, LRU eviction, hash table). A chunk keeps the
 state at every `interval_blocks`-th block boundary of known tokens it passes (--state-snapshot-interval), and at
-the last boundary
-before its request's last token (what a repeat of the prompt hits); the layers write those states during the
-forward, at any position inside the chunk, so no chunk is cut for them. A snapshot is registered only once the
+the last boundary before its request's last token (what a repeat of the prompt hits); the layers write those
+states during the forward, at any position inside the chunk, so no chunk is cut for them. A snapshot is registered only once the
 step's result arrives (a step loads before its forward, so a request planned into the same step must not see one
 that step writes). A hit is the longest KV hit whose last block has a snapshot (PrefixCache.lookup).
 Usage: `saves_for` per chunk; `commit` with each result; `snapshot_of(hash)` at admission.

@@ -124,7 +124,7 @@ class KVCache:
             shape = _page_shape_of_one_block(layer.kv_cache, spec)
             if tp_size > 1 and isinstance(spec, FullAttentionSpec):
                 count = head_slice(spec.num_kv_heads, 0, tp_size)[1]
-                spec, shape = replace(spec, num_kv_heads=count), (*shape[:3], count, *shape[4:])
+                spec, shape = replace(spec, num_kv_heads=count), (*shape[:_HEAD_DIM], count, *shape[_HEAD_DIM + 1:])
             parts.append(f"{spec!r}|{layer.kv_cache.dtype}|{shape}")
         return hashlib.sha256("\n".join([str(self.block_size), *parts]).encode()).hexdigest()[:16]
 
@@ -137,7 +137,7 @@ class KVCache:
         blocks = layer.kv_cache.view(torch.uint8).index_select(spec.block_dim, index)
         if tp_size > 1 and isinstance(spec, FullAttentionSpec):
             start, count = head_slice(spec.num_kv_heads, tp_rank, tp_size)
-            blocks = blocks.narrow(3, start, count)  # [2, blocks, block_size, heads, row bytes]
+            blocks = blocks.narrow(_HEAD_DIM, start, count)
         return blocks.contiguous().cpu()
 
     def memory_regions(self) -> list[tuple[int, int]]:
@@ -167,6 +167,10 @@ class KVCache:
                              f"{math.prod(shape)} (a cache of another layout?)")
         index = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
         cache.index_copy_(spec.block_dim, index, data.to(self.device).view(shape))
+
+
+# The KV-head dimension of a full-attention page (FullAttentionSpec.page_shape: [2, blocks, block_size, heads, row]).
+_HEAD_DIM = 3
 
 
 def head_slice(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:

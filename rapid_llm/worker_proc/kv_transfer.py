@@ -129,18 +129,17 @@ class KVSender:
         lease = self._leases.get(transfer_id)
         first = request.get("first_block", 0)
         tp_rank, tp_size = request.get("tp", (0, 1))
+        layout = self.cache.layout_id(tp_size)
         if lease is None or lease.expires_at <= time.monotonic():
             self._reply(reader, _GONE, {"reason": f"no lease {transfer_id!r} (never made, ended or expired)"})
-        elif request.get("layout_id") != self.cache.layout_id(tp_size):
+        elif request.get("layout_id") != layout:
             self._reply(reader, _GONE, {"reason": f"the caches differ in layout ({request.get('layout_id')} there, "
-                                                  f"{self.cache.layout_id(tp_size)} here at {tp_size} rank(s))"})
+                                                  f"{layout} here at {tp_size} rank(s))"})
         elif not isinstance(first, int) or not 0 <= first <= len(lease.block_ids):
             self._reply(reader, _GONE, {"reason": f"first_block {first!r} is outside the lease's "
                                                   f"{len(lease.block_ids)} blocks"})
         elif request.get("transport") == "mooncake":
-            # The reader pulls after this answer: the blocks stay leased at least until its deadline.
-            lease.expires_at = max(lease.expires_at, time.monotonic() + float(request.get("deadline_s", 0)) + 1.0)
-            self._answer_with_segments(reader, lease, first, tp_size)
+            self._answer_with_segments(reader, lease, first, tp_size, float(request.get("deadline_s", 0)))
         else:
             lease.readers = tp_size
             for tensor in range(self.cache.num_tensors):
@@ -149,7 +148,7 @@ class KVSender:
                                              memoryview(data.numpy())], copy=False)
             self._reply(reader, _END, {"tensors": self.cache.num_tensors})
 
-    def _answer_with_segments(self, reader: bytes, lease: _Lease, first: int, tp_size: int) -> None:
+    def _answer_with_segments(self, reader: bytes, lease: _Lease, first: int, tp_size: int, deadline_s: float) -> None:
         """A Mooncake reader pulls the blocks itself: where they lie in this cache, and the engine's session."""
         if self._mooncake is None:
             self._reply(reader, _GONE, {"reason": "this producer moves KV over ZeroMQ; start both instances with the "
@@ -158,6 +157,8 @@ class KVSender:
             self._reply(reader, _GONE, {"reason": "Mooncake moves whole caches: a tensor-parallel reader needs "
                                                   "the ZmqConnector"})
         else:
+            # The reader pulls after this answer: the blocks stay leased at least until its deadline.
+            lease.expires_at = max(lease.expires_at, time.monotonic() + deadline_s + 1.0)
             self._reply(reader, _SEGMENTS, {"session": self._mooncake.session,
                                             "segments": self._mooncake.segments(lease.block_ids[first:])})
 
