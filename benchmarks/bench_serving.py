@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--structured-output-ratio", type=float, default=1.0,
                         help="Share of requests that carry --json-schema-path (spread evenly), as vLLM's "
                              "structured-output benchmark.")
+    parser.add_argument("--lora-names", nargs="+", default=None, metavar="NAME",
+                        help="LoRA adapters the requests name as their model, request i the (i mod N)-th (vLLM's "
+                             "--lora-modules spreads them at random); the warm-ups use the first.")
     parser.add_argument("--num-warmups", type=int, default=0, help="Requests sent (with the first prompt) first.")
     parser.add_argument("--percentile-metrics", default="ttft,tpot,itl",
                         help="Of ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue.")
@@ -123,6 +126,12 @@ def structured_bodies(args: argparse.Namespace, num_requests: int, extra_body: d
     ratio = args.structured_output_ratio
     return [constrained if math.floor((i + 1) * ratio) > math.floor(i * ratio) else extra_body
             for i in range(num_requests)]
+
+
+def request_models(model_name: str, lora_names: list[str] | None, num_requests: int) -> list[str]:
+    """The model each request names: the served model, or the LoRA adapters in turn (an even spread)."""
+    names = lora_names or [model_name]
+    return [names[i % len(names)] for i in range(num_requests)]
 
 
 def first_model(base_url: str) -> tuple[str, str]:
@@ -268,8 +277,9 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> dict[st
     sampling = {"temperature": args.temperature} if args.temperature is not None else {}
     extra_body = {**sampling, **(args.extra_body or {})}
     inputs = [
-        RequestInput(api_url, model_name, s.prompt, s.prompt_len, s.expected_output_len, args.ignore_eos, body)
-        for s, body in zip(samples, structured_bodies(args, len(samples), extra_body))
+        RequestInput(api_url, model, s.prompt, s.prompt_len, s.expected_output_len, args.ignore_eos, body)
+        for s, body, model in zip(samples, structured_bodies(args, len(samples), extra_body),
+                                  request_models(model_name, args.lora_names, len(samples)))
     ]
     offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed)
     distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
@@ -310,6 +320,7 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> dict[st
         "max_concurrency": args.max_concurrency,
         "json_schema_path": str(args.json_schema_path) if args.json_schema_path else None,
         "structured_output_ratio": args.structured_output_ratio if args.json_schema_path else None,
+        "lora_names": args.lora_names,
         **result_dict(metrics, outcomes, duration),
         "resources": resources,
         "spec_decode": spec_decode,

@@ -109,6 +109,7 @@ def _serve(args: ServerArgs, started: float) -> int:
     from rapid_llm.entrypoints.headless import serve_headless
     from rapid_llm.entrypoints.starting_responder import StartingResponder
     from rapid_llm.frontend.app import build_app
+    from rapid_llm.frontend.lora_adapters import LoRAAdapters
     from rapid_llm.utils.tokenizer_loading import load_tokenizer
 
     logger.info("config resolved in %.2f s: %s (%s, %s), max_model_len %d, device %s", time.perf_counter() - started,
@@ -136,8 +137,16 @@ def _serve(args: ServerArgs, started: float) -> int:
         logger.error("start-up failed: %s", error)
         return 1
 
+    try:
+        # Adapters named at start are checked against the linears the workers wrapped.
+        adapters = LoRAAdapters(config.served_model_name, config.scheduler.lora,
+                                engine.replica_info(0)[1]["lora_targets"])
+    except ValueError as error:
+        logger.error("start-up failed: %s", error)
+        engine.shutdown()
+        return 1
     manager, collectors = frontend_client(engine, tokenizer, model_dir)
-    app = build_app(manager, frontend_options, collectors)
+    app = build_app(manager, frontend_options, collectors, adapters)
     # A bounded graceful shutdown: requests still open after the grace period end with an error, not a hang.
     server = HttpServer(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_timeout),
                         end_streams=lambda: manager.fail_all("the server is shutting down"),

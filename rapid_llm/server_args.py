@@ -23,6 +23,7 @@ from rapid_llm.quantization.registry import online_names
 
 if TYPE_CHECKING:
     from rapid_llm.config.kv_transfer_config import KVTransferConfig
+    from rapid_llm.config.lora_config import LoRAConfig
     from rapid_llm.config.parallel_config import ParallelConfig
     from rapid_llm.config.speculative_config import SpeculativeConfig
 
@@ -173,6 +174,19 @@ class ServerArgs:
     disaggregation_mode: str | None = field(default=None, metadata={"help": "SGLang's spelling of the role: "
                                             "prefill (= kv_role kv_producer) or decode (= kv_consumer), with the "
                                             "built-in connector."})
+    enable_lora: bool = field(default=False, metadata={"help": "Serve LoRA adapters (PEFT folders) over the "
+                              "model: a request's \"model\" names one. See docs/lora.md."})
+    lora_modules: list[str] | None = field(default=None, metadata={"help": "Adapters served from the start, "
+                                           "NAME=PATH ...", "nargs": "+"})
+    max_loras: int = field(default=1, metadata={"help": "Adapters held on the device at once: the most distinct "
+                           "adapters one step runs (others wait)."})
+    max_lora_rank: int = field(default=16, metadata={"help": "Largest adapter rank served; every device slot is "
+                               "padded to it."})
+    max_cpu_loras: int | None = field(default=None, metadata={"help": "Adapters kept in host memory; the least "
+                                      "recently used beyond it is read from disk again (default: --max-loras)."})
+    lora_allowed_dirs: list[str] | None = field(default=None, metadata={"help": "Directories POST "
+                                                "/v1/load_lora_adapter may load adapter folders from (default: "
+                                                "none, runtime loading is off).", "nargs": "+"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error."})
 
     @classmethod
@@ -191,7 +205,7 @@ class ServerArgs:
                                         help=f"Turn {flags[0]} off.")
                 continue
             kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(item.type), str)
-            parser.add_argument(*flags, type=kind, default=item.default,
+            parser.add_argument(*flags, type=kind, default=item.default, nargs=item.metadata.get("nargs"),
                                 help=_with_default(item.metadata["help"], item.default))
 
     @classmethod
@@ -289,6 +303,8 @@ class ServerArgs:
         kv_transfer = KVTransferConfig.parse(self.kv_transfer_config, self.disaggregation_mode)
         if kv_transfer is not None:
             self._check_disaggregation(kv_transfer, parallel, speculative)
+        served_model_name = self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir
+        lora = self._lora_config(speculative, kv_transfer, served_model_name)
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
@@ -314,6 +330,7 @@ class ServerArgs:
             speculative=speculative,
             itl_target_ms=self.itl_target_ms,
             kv_transfer=kv_transfer,
+            lora=lora,
         )
         return EngineConfig(
             model=model,
@@ -321,7 +338,7 @@ class ServerArgs:
             device=device,
             scheduler=scheduler,
             tokenizer=self.tokenizer or model_dir,
-            served_model_name=self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir,
+            served_model_name=served_model_name,
             op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
@@ -331,6 +348,24 @@ class ServerArgs:
             parallel=parallel,
         )
 
+
+    def _lora_config(self, speculative: SpeculativeConfig | None, kv_transfer: KVTransferConfig | None,
+                     served_model_name: str) -> LoRAConfig | None:
+        """--enable-lora's settings; what it cannot run with yet is refused at start with the reason."""
+        from rapid_llm.config.lora_config import LoRAConfig
+
+        if not self.enable_lora:
+            if self.lora_modules or self.lora_allowed_dirs:
+                raise ValueError("--lora-modules and --lora-allowed-dirs take effect with --enable-lora only")
+            return None
+        if speculative is not None:
+            raise ValueError("--enable-lora with --speculative-config: drafts and their verification would run "
+                             "without the request's adapter; drop one of the flags")
+        if kv_transfer is not None:
+            raise ValueError("--enable-lora with --kv-transfer-config: transferred KV is not keyed by adapter yet; "
+                             "drop one of the flags")
+        return LoRAConfig.parse(self.lora_modules, self.max_loras, self.max_lora_rank, self.max_cpu_loras,
+                                self.lora_allowed_dirs, served_model_name)
 
     def _check_disaggregation(self, kv_transfer: KVTransferConfig, parallel: ParallelConfig,
                               speculative: SpeculativeConfig | None) -> None:

@@ -55,4 +55,5 @@ class EngineConfig:
             "enable_torch_compile": self.compilation.enable_torch_compile,
             "speculative_config": (None if self.scheduler.speculative is None
                                    else msgspec.structs.asdict(self.scheduler.speculative)),
+            "lora": None if self.scheduler.lora is None else msgspec.to_builtins(self.scheduler.lora),
         }

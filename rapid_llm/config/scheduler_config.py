@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from rapid_llm.config.kv_transfer_config import KVTransferConfig
+from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 
 # As SGLang's --watchdog-timeout: long enough for one big prefill step on a CPU.
@@ -29,6 +30,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     (from the worker) is how many it keeps (0: no hits; scheduler_proc/prefix_cache.py), taken every
     `state_snapshot_interval` blocks of a prompt and at its last block boundary. `kv_transfer` (None: colocated)
     makes the instance a prefill and/or decode instance of a disaggregated deployment (docs/disaggregation.md).
+    `lora` (None: off) serves LoRA adapters; a step runs at most `lora.max_loras` distinct ones (docs/lora.md).
     """
 
     max_model_len: int
@@ -49,6 +51,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     speculative: SpeculativeConfig | None = None
     itl_target_ms: float | None = None
     kv_transfer: KVTransferConfig | None = None
+    lora: LoRAConfig | None = None  # --enable-lora's settings; None: adapters are refused
     num_worker_ranks: int = 1  # filled in by the scheduler process: each rank's transfer agent reports a load
 
     def __post_init__(self) -> None:

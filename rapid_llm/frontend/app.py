@@ -1,5 +1,5 @@
-"""The Starlette app: OpenAI routes (and Anthropic's /v1/messages) plus /health, /version, /metrics,
-/server_info, /flush_cache, /tokenize and /detokenize.
+"""The Starlette app: OpenAI routes (and Anthropic's /v1/messages, vLLM's LoRA load/unload) plus /health,
+/version, /metrics, /server_info, /flush_cache, /tokenize and /detokenize.
 
 Key design choice: every failure leaves as an error body of the route's API (OpenAI's, Anthropic's on
 /v1/messages) -- client mistakes are logged as one INFO line (no traceback), server faults with their
@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rapid_llm
 from rapid_llm.frontend.engine_client import EngineClient
 from rapid_llm.frontend.errors import OpenAIError, bad_request, internal_error
+from rapid_llm.frontend.lora_adapters import LoRAAdapters
 from rapid_llm.frontend.messages_protocol import anthropic_error_response
 from rapid_llm.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from rapid_llm.frontend.serving_chat import create_chat_completion
@@ -36,6 +37,7 @@ from rapid_llm.frontend.request_limits import RequestLimitsMiddleware
 from rapid_llm.frontend.serving_common import Serving, json_response
 from rapid_llm.frontend.serving_completions import create_completion
 from rapid_llm.frontend.serving_embeddings import create_embedding
+from rapid_llm.frontend.serving_lora import load_lora_adapter, unload_lora_adapter
 from rapid_llm.frontend.serving_messages import create_message
 from rapid_llm.frontend.serving_responses import ResponsesRoute
 from rapid_llm.frontend.serving_tokenize import detokenize, tokenize
@@ -113,10 +115,11 @@ async def flush_cache(serving: Serving, request: Request) -> Response:
 
 
 def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions(),
-              collectors: Sequence[Collector] = ()) -> Starlette:
+              collectors: Sequence[Collector] = (), adapters: LoRAAdapters | None = None) -> Starlette:
     """The HTTP app serving `engine` with the limits, API key and chat-template policy of `options`;
-    `collectors` add families to /metrics (the data-parallel replicas')."""
-    serving = Serving(engine, FrontendMetrics(engine.model_name), options)
+    `collectors` add families to /metrics (the data-parallel replicas'); `adapters`: the LoRA adapters clients
+    may name (None: the base model only)."""
+    serving = Serving(engine, FrontendMetrics(engine.model_name), options, adapters)
     for collector in collectors:
         serving.metrics.registry.register(collector)
     created = int(time.time())
@@ -130,7 +133,7 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
             "root": engine.model_path,
             "max_model_len": engine.max_model_len,
         }
-        return json_response({"object": "list", "data": [model]})
+        return json_response({"object": "list", "data": [model, *serving.adapters.model_cards()]})
 
     async def health(request: Request) -> Response:
         if engine.is_healthy():
@@ -157,6 +160,8 @@ def build_app(engine: EngineClient, options: FrontendOptions = FrontendOptions()
         Route("/v1/messages", _guarded(create_message, serving, anthropic_error_response), methods=["POST"]),
         Route("/v1/embeddings", _guarded(create_embedding, serving), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/load_lora_adapter", _guarded(load_lora_adapter, serving), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", _guarded(unload_lora_adapter, serving), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from rapid_llm.frontend.errors import OpenAIError, bad_request
+from rapid_llm.frontend.errors import bad_request
 from rapid_llm.frontend.structured_request import ResponseFormat, StructuredOutputsRequest, structured_outputs_of
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.sampling.kv_transfer_params import KVTransferParams
@@ -335,10 +335,3 @@ def _error_param(message: str) -> str | None:
         parts.append(missing["field"])
     return ".".join(parts) or None
 
-
-def check_model(requested: str | None, served: str) -> None:
-    """A missing model means the served one (like vLLM); any other name is a 404."""
-    if requested is not None and requested != served:
-        raise OpenAIError(
-            404, f"The model `{requested}` does not exist.", param="model", code="model_not_found"
-        )

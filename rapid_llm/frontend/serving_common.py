@@ -28,7 +28,8 @@ from rapid_llm.frontend.chunk_stream import ChunkStream, OpenAIEvents, stream_ev
 from rapid_llm.frontend.errors import OpenAIError, bad_request
 from rapid_llm.frontend.metrics import FrontendMetrics
 from rapid_llm.frontend.options import FrontendOptions
-from rapid_llm.frontend.protocol import GenerationRequest, RequestT, check_model, decode_request
+from rapid_llm.frontend.lora_adapters import LoRAAdapters
+from rapid_llm.frontend.protocol import GenerationRequest, RequestT, decode_request
 from rapid_llm.frontend.request_limits import check_json_depth, read_body
 from rapid_llm.frontend.sse import CLIENT_CLOSED_REQUEST, EventStreamResponse, run_unless_disconnected
 from rapid_llm.frontend.structured_request import check_structured_outputs
@@ -114,10 +115,13 @@ class Serving:
     never holds up the event loop (health checks, other requests' streams).
     """
 
-    def __init__(self, engine: EngineClient, metrics: FrontendMetrics, options: FrontendOptions) -> None:
+    def __init__(self, engine: EngineClient, metrics: FrontendMetrics, options: FrontendOptions,
+                 adapters: LoRAAdapters | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.options = options
+        # What "model" may name: the served model, and its LoRA adapters when --enable-lora is on.
+        self.adapters = adapters or LoRAAdapters(engine.model_name)
         self.token_strings = TokenStrings(engine.tokenizer)
         self.vocab_size = engine.vocab_size
         self.chat_template = ChatTemplate(engine.tokenizer, options.chat_template,
@@ -131,12 +135,17 @@ class Serving:
             raise OpenAIError(503, "the engine is not running; see the server log")
 
     async def parse(self, request: Request, request_type: type[RequestT]) -> RequestT:
+        """The body, decoded and checked; a "model" that is neither the served model nor an adapter is a 404."""
+        body = await self.read(request, request_type)
+        self.adapters.resolve(body.model)
+        return body
+
+    async def read(self, request: Request, request_type: type[T]) -> T:
+        """The body decoded as `request_type` (a 400 naming the field when it does not fit)."""
         self.check_engine()
         raw = await read_body(request, self.options.max_request_body_bytes)
         # Measuring and decoding megabytes takes a while: a worker thread, off the event loop.
-        body = await asyncio.to_thread(_checked_decode, raw, request_type)
-        check_model(body.model, self.engine.model_name)
-        return body
+        return await asyncio.to_thread(_checked_decode, raw, request_type)
 
     def check_text_length(self, num_chars: int, param: str) -> None:
         """A cheap refusal before tokenizing: more characters than max_model_len tokens can cover."""
@@ -238,13 +247,15 @@ class Serving:
         structured, structured_field = body.structured_outputs_params()
         if structured is not None:
             await asyncio.to_thread(check_structured_outputs, structured, structured_field)
+        lora = self.adapters.resolve(body.model)
         envelope = {
             "id": f"{fmt.id_prefix}-{uuid.uuid4().hex}",
             "object": fmt.object_name,
             "created": int(time.time()),
-            "model": self.engine.model_name,
+            "model": self.engine.model_name if lora is None else lora.lora_name,
         }
-        choices = [(prompt_ids, choice) for prompt_ids, params in prompts for choice in params.per_choice()]
+        choices = [(prompt_ids, choice if lora is None else msgspec.structs.replace(choice, lora=lora))
+                   for prompt_ids, params in prompts for choice in params.per_choice()]
         num_prompt_tokens = sum(len(prompt_ids) for prompt_ids, _ in prompts)
         n = len(choices) // len(prompts)
         if body.stream:

@@ -37,6 +37,8 @@ def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
+        # This rank's logical sizes (the weight's shape may change with its kernel's or quantization's format).
+        self.input_size, self.output_size = input_size, output_size
         self.kernel: LinearKernel = TORCH_LINEAR  # until prepare_weights: the checkpoint layout
         self.linear_method: LinearMethod | None = None  # None: the weight stays in the model dtype
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
@@ -57,7 +59,11 @@ class LinearBase(nn.Module):
     def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
         """(first row in this rank's weight, rows, first row in the checkpoint tensor) a shard fills; quantized
         formats slice their per-row and per-block scales with it too."""
-        return 0, self.weight.shape[0], 0
+        return 0, self.output_size, 0
+
+    def checkpoint_shape(self, shard_id: str | int | None) -> tuple[int, int]:
+        """(rows, columns) of the checkpoint matrix a shard loads from, before any sharding."""
+        return self.output_slice(shard_id)[1], self.input_size
 
     def set_linear_method(self, method: LinearMethod) -> None:
         """Before loading: let `method` own the weight format (it creates the parameters the checkpoint fills)."""
@@ -87,8 +93,11 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, _divide(output_size, self.tp_size, "output features"), bias)
 
     def output_slice(self, shard_id: str | int | None) -> tuple[int, int, int]:
-        rows = self.weight.shape[0]
+        rows = self.output_size
         return 0, rows, self.tp_rank * rows
+
+    def checkpoint_shape(self, shard_id: str | int | None) -> tuple[int, int]:
+        return self.output_slice(shard_id)[1] * self.tp_size, self.input_size
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         start, rows, source = self.output_slice(shard_id)
@@ -161,6 +170,11 @@ class QKVParallelLinear(ColumnParallelLinear):
             raise ValueError(f"qkv shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
         return start, rows, source_index * rows
 
+    def checkpoint_shape(self, shard_id: str | int | None) -> tuple[int, int]:
+        # A KV head replicated on several ranks is one checkpoint head.
+        replicas = 1 if shard_id == "q" else self.kv_replicas
+        return self.output_slice(shard_id)[1] * self.tp_size // replicas, self.input_size
+
 
 class RowParallelLinear(LinearBase):
     """y = xWᵀ with W's input columns split over ranks; partial results are all-reduced, unless
@@ -176,8 +190,11 @@ class RowParallelLinear(LinearBase):
 
     def input_slice(self) -> tuple[int, int]:
         """(first column in the checkpoint tensor, columns) this rank's weight holds."""
-        cols = self.weight.shape[1]
+        cols = self.input_size
         return self.tp_rank * cols, cols
+
+    def checkpoint_shape(self, shard_id: str | int | None) -> tuple[int, int]:
+        return self.output_size, self.input_size * self.tp_size
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         if param.dim() == 1:
@@ -187,9 +204,13 @@ class RowParallelLinear(LinearBase):
         copy_weight(param.data, loaded.narrow(1, source, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = self.kernel(x, self.weight)
+        return self.combine(self.kernel(x, self.weight))
+
+    def combine(self, partial: torch.Tensor) -> torch.Tensor:
+        """What follows the GEMM: this rank's partial output summed over ranks, then the bias (a LoRA wrapper adds
+        its own partial product before it)."""
         if not self.reduce_results:
-            return output
+            return partial
         # Bias after the reduce, so it is added once rather than once per rank.
-        output = tp_all_reduce(output)
+        output = tp_all_reduce(partial)
         return output + self.bias if self.bias is not None else output

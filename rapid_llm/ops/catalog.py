@@ -91,6 +91,12 @@ register_op(name="quantized_fused_moe", backend=REFERENCE, fn="rapid_llm.ops.qua
 # slot and back (rapid_llm/distributed/expert_parallel.py); torch_ref is torch.distributed's all_to_all_single.
 register_op(name="expert_all_to_all", backend=REFERENCE, fn="rapid_llm.distributed.expert_parallel:TORCH_ALL_TO_ALL")
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
+# lora(x, lora_a, lora_b, indices, out): every token's adapter delta added in place into out (ops/multi_lora.py),
+# over the step's tokens grouped by slot once (lora_indices). cpu_grouped runs two GEMMs per present slot; it reads the slot
+# offsets back to the host, so it stays off CUDA, where the Triton form (below) walks the same groups.
+register_op(name="lora", backend=REFERENCE, fn="rapid_llm.ops.multi_lora:lora")
+register_op(name="lora", backend="cpu_grouped", fn="rapid_llm.ops.multi_lora:lora_grouped", priority=10,
+            conditions={"device": "cpu"})
 # Sampling: the sort-based reference and the topk one (same kept set; faster wherever the kept set is a
 # small part of the vocabulary, i.e. top-k, or a nucleus inside its candidates).
 register_op(name="top_k_top_p_filter", backend=REFERENCE, fn="rapid_llm.ops.top_k_top_p:top_k_top_p_filter")
@@ -141,6 +147,8 @@ register_op(name="causal_conv", backend="triton", fn="rapid_llm.ops.triton.causa
 register_op(name="gated_delta_rule", backend="triton", fn="rapid_llm.ops.triton.gated_delta:gated_delta_rule",
             priority=_TRITON_PRIORITY, conditions=_TRITON)
 register_op(name="ssd_scan", backend="triton", fn="rapid_llm.ops.triton.ssd:ssd_scan", priority=_TRITON_PRIORITY,
+            conditions=_TRITON)
+register_op(name="lora", backend="triton", fn="rapid_llm.ops.triton.lora:lora", priority=_TRITON_PRIORITY,
             conditions=_TRITON)
 # flash-linear-attention's chunked gated delta rule (ops/fla_gated_delta.py) takes the prefills of at least one
 # 64-token chunk keeping no inner state, above the token-by-token Triton form. Unlike the optional libraries below

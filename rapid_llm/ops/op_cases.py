@@ -25,6 +25,7 @@ from rapid_llm.ops.attention.mla_backend import MLADims
 from rapid_llm.ops.fp4_linear import Fp4LinearSpec, fp4_linear
 from rapid_llm.ops.fp8_linear import Fp8LinearSpec, fp8_linear
 from rapid_llm.ops.int4_linear import Int4LinearSpec
+from rapid_llm.ops.multi_lora import lora_indices
 from rapid_llm.ops.op_case_inputs import CaseConfig, CaseInputs, ModelShape, OpCase, OpInputs
 from rapid_llm.ops.state_op_cases import STATE_OP_CASES
 from rapid_llm.ops.quant_moe import ExpertScales
@@ -206,6 +207,31 @@ def _quantized_fused_moe(config: CaseConfig, variant: str) -> OpInputs:
     return OpInputs(args, f"[{t}, {h}] {e} {variant} experts top-{k} inter {i}")
 
 
+_LORA_SLOTS, _LORA_RANK = 4, 16
+_LORA_RUN_SLOTS = (2, 0, -1, 2)  # "prefill": four runs of tokens; slot 2 in two of them, one run without adapter
+
+
+def _lora(config: CaseConfig, variant: str) -> OpInputs:
+    """Adapters on the q projection, added into the q columns of a merged qkv output (a strided slice): 4 slots of
+    rank 16, slot 1 holding a rank-8 adapter zero-padded. "decode": each token a random slot or none; "prefill":
+    contiguous runs of tokens, a sequence each, one adapter per run (_LORA_RUN_SLOTS)."""
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
+    h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    lora_a = inputs.randn(_LORA_SLOTS, _LORA_RANK, h, scale=h**-0.5)
+    lora_b = inputs.randn(_LORA_SLOTS, q, _LORA_RANK, scale=_LORA_RANK**-0.5)
+    lora_a[1, _LORA_RANK // 2:] = 0
+    lora_b[1, :, _LORA_RANK // 2:] = 0
+    if variant == "decode":
+        slots = torch.randint(-1, _LORA_SLOTS, (t,), generator=inputs.generator)
+    else:
+        slots = torch.tensor([_LORA_RUN_SLOTS[token * len(_LORA_RUN_SLOTS) // t] for token in range(t)],
+                             dtype=torch.int64)
+    indices = lora_indices(slots.to(config.device), _LORA_SLOTS)
+    qkv = inputs.randn(t, q + 2 * kv)
+    return OpInputs((inputs.randn(t, h), lora_a, lora_b, indices, qkv[:, :q]),
+                    f"[{t}, {h}] -> q[{t}, {q}] of qkv, {_LORA_SLOTS} slots rank {_LORA_RANK}")
+
+
 # Row parameters (top_k, top_p) per variant, repeated over the rows; 0 / 1.0 = off. "mixed" gives rows of one
 # batch different filters: none, k=1, a tiny p, k with p, p alone.
 _FILTER_ROWS = {
@@ -346,6 +372,7 @@ OP_CASES: dict[str, OpCase] = {
                           prepare=_int4_linear_prepared),
     "fp4_linear": OpCase(_fp4_linear, variants=("nvfp4", "nvfp4-w4a4", "mxfp4")),
     "kv_cache_store": OpCase(_kv_cache_store, exact=True),
+    "lora": OpCase(_lora, variants=("decode", "prefill")),
     "fused_moe": OpCase(_fused_moe, prepare=_fused_moe_prepared),
     "expert_all_to_all": OpCase(_expert_all_to_all, run=_expert_all_to_all_step),
     "quantized_fused_moe": OpCase(_quantized_fused_moe, variants=("fp8-row", "fp8-block32-ue8m0", "nvfp4", "mxfp4")),

@@ -13,6 +13,7 @@ import math
 import msgspec
 
 from rapid_llm.sampling.kv_transfer_params import KVTransferParams
+from rapid_llm.sampling.lora_request import LoRARequest
 
 MAX_LOGPROBS = 20
 MAX_N = 128  # OpenAI's limit on choices per request
@@ -94,6 +95,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     # Prefill/decode disaggregation (docs/disaggregation.md): keep the prompt's KV for a decode instance, or start
     # from KV a prefill instance kept; None for a colocated request.
     kv_transfer_params: KVTransferParams | None = None
+    # Multi-LoRA (docs/lora.md): the adapter the request's tokens run with, which the frontend resolves from the
+    # OpenAI "model" field; None for the base model.
+    lora: LoRARequest | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -49,6 +49,9 @@ def check_admissible(request: GenerateRequest, config: SchedulerConfig, num_wait
         check_beam_search(request, config)
     if request.params.kv_transfer_params is not None:
         check_kv_transfer(request, config)
+    if request.params.lora is not None and config.lora is None:
+        raise RequestRejected(f"request {request_id}: it names LoRA adapter {request.params.lora.lora_name!r}; this "
+                              "instance was started without --enable-lora")
     limit = config.max_waiting_requests
     if limit is not None and num_waiting >= limit:
         raise RequestRejected(f"request {request_id}: the waiting queue is full ({limit} requests); "

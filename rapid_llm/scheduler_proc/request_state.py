@@ -59,9 +59,8 @@ class RequestState:
         # Prompt tokens served from the prefix cache at the first admission (None before it); what
         # the client is told, whatever later resumptions after preemption find.
         self.num_cached_tokens: int | None = None
-        # Anything besides the tokens that changes the KV (a LoRA adapter id, a cache salt) keys the
-        # prefix cache too; requests carry none yet.
-        self.extra_cache_key: str | None = None
+        # Anything besides the tokens that changes the KV keys the prefix cache too: a LoRA adapter's id.
+        self.extra_cache_key: str | None = None if request.params.lora is None else request.params.lora.cache_key
         self._block_hashes: list[BlockHash] = []
         self.slot: int | None = None
         self.epoch = 0

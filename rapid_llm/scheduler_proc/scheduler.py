@@ -166,7 +166,8 @@ class Scheduler(StepResults):
             request = self._waiting[0]
             ask = request.policy.admit(self, request, draft)
             # FCFS: nobody overtakes a request that cannot be admitted yet.
-            if ask is None or len(self._free_slots) < ask.num_slots or not self._blocks.can_allocate(ask.num_blocks):
+            if (ask is None or len(self._free_slots) < ask.num_slots or not self._blocks.can_allocate(ask.num_blocks)
+                    or not self._adapter_fits(request)):
                 return
             self._waiting.popleft()
             self._prefix_cache.take(request, ask.cached_block_ids)
@@ -175,6 +176,15 @@ class Scheduler(StepResults):
             slots = [heapq.heappop(self._free_slots) for _ in range(ask.num_slots)]
             self._running.append(request)
             request.policy.start(self, request, draft, ask, slots)
+
+    def _adapter_fits(self, request: RequestState) -> bool:
+        """Whether the request's LoRA adapter can run beside the running ones: at most --max-loras distinct
+        adapters run at once (the workers' device slots)."""
+        lora = request.params.lora
+        if lora is None:
+            return True
+        running = {r.params.lora.lora_int_id for r in self._running if r.params.lora is not None}
+        return lora.lora_int_id in running or len(running) < self.config.lora.max_loras
 
     def admission_ask(self, request: RequestState, draft: PlanDraft, num_slots: int) -> StepAsk | None:
         """The first chunk after the request's prefix-cache hits, with the blocks it needs and `num_slots` slots;

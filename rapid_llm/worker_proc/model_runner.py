@@ -10,7 +10,8 @@ copy back `launch` defers (`PendingOutput`), and prompt logprobs. Decode steps c
 and decodes; only a request whose computed tokens reach the end of what it knows samples (through its grammar
 bitmask and logit_bias). A chunk with drafts samples at each of its 1 + k positions and keeps what the rejection
 sampler accepts plus one target token (`_sample_speculative`); a worker-side proposer (`drafting.py`) runs after
-every step. `step_rows`: per-request values wrapped layers read per token (layers/step_rows.py).
+every step. `step_rows`: per-request values wrapped layers read per token (layers/step_rows.py), e.g. each
+token's LoRA adapter slot (`lora`, lora/adapter_slots.py).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
 
@@ -26,12 +27,14 @@ import torch
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
+from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 from rapid_llm.distributed import tp_broadcast
 from rapid_llm.ipc.messages import PooledPrompt
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.step_rows import StepRows
+from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
@@ -96,6 +99,7 @@ class ModelRunner:
         max_num_seqs: int = 256,
         compilation: CompilationConfig | None = None,
         speculative: SpeculativeConfig | None = None,
+        lora: LoRAConfig | None = None,
     ) -> None:
         self.model_config = model_config
         self.cache_config = cache_config
@@ -149,6 +153,9 @@ class ModelRunner:
                                       self.device, self.kv_cache.tables.num_tables)
         # Per-request values that wrapped layers read per token (layers/step_rows.py); empty unless a feature adds one.
         self.step_rows = StepRows(max_num_seqs, self.device)
+        # Multi-LoRA: the model's linears wrapped to add each token's adapter, read from the step rows.
+        self.lora = None if lora is None else AdapterSlots(self.model, lora, self.step_rows, model_config.dtype,
+                                                           self.device)
         self.pooling = PromptPooling(max_num_seqs)
         self.drafting = None
         if proposer is not None:
@@ -204,6 +211,8 @@ class ModelRunner:
         """Fill the slot's row for a new or resumed request; raises (slot left empty) if it cannot be served."""
         self.input_batch.add(slot, request_id, token_ids, num_prompt_tokens, params)
         self.cache_groups.forget([slot])
+        if self.lora is not None:
+            self.lora.start(slot, params)
         self.step_rows.start(slot, params)
         self.pooling.start(slot, params)
         if self.drafting is not None:
@@ -213,6 +222,8 @@ class ModelRunner:
         self.input_batch.release(slots)
         self.cache_groups.forget(slots)
         self.step_rows.release(slots)
+        if self.lora is not None:
+            self.lora.release(slots)
         self.pooling.release(slots)
         if self.drafting is not None:
             self.drafting.release(slots)

@@ -56,7 +56,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                                  max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation,
-                                 speculative=config.scheduler.speculative)
+                                 speculative=config.scheduler.speculative, lora=config.scheduler.lora)
         thread_policy: CpuThreadPolicy | None = None
         if runner.device.type == "cpu":
             # Ranks on one host share its cores: each gets its share.
@@ -83,6 +83,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
                              "state_cache_bytes": runner.cache_groups.state_bytes,
                              "state_snapshots": runner.cache_groups.num_snapshots,
                              "ops": runner.op_choices,
+                             "lora_targets": None if runner.lora is None else runner.lora.targets,
                              "cpu_threads": thread_policy.short_step_threads if thread_policy else None,
                              "cpu_threads_long_steps": thread_policy.long_step_threads if thread_policy else None})
     except Exception as error:

@@ -37,3 +37,9 @@ def test_the_structured_output_share_is_exact_and_spread(ratio: float, constrain
     schema = next((body["response_format"] for body in bodies if "response_format" in body), None)
     assert schema is None or schema["json_schema"]["schema"]["required"] == ["records"]
     assert bench_serving.structured_bodies(bench_serving.parse_args([]), 3, {"a": 1}) == [{"a": 1}] * 3
+
+
+def test_lora_names_spread_requests_evenly_over_the_adapters() -> None:
+    assert bench_serving.parse_args(["--lora-names", "a", "b"]).lora_names == ["a", "b"]
+    assert bench_serving.request_models("base", ["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+    assert bench_serving.request_models("base", None, 2) == ["base", "base"]

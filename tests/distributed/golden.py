@@ -28,8 +28,10 @@ def random_prompts(lengths: Sequence[int], seed: int = 5) -> list[list[int]]:
 
 def generate(checkpoint, prompts: list[list[int]], tensor_parallel_size: int,
              params: list[SamplingParams] | None = None, **engine_args) -> list[RequestOutput]:
-    """Greedy (GREEDY) unless `params` gives one SamplingParams per prompt; `engine_args` go to `LLM`."""
-    with LLM(model=str(checkpoint), tensor_parallel_size=tensor_parallel_size, num_kv_blocks=64, **engine_args) as llm:
+    """Greedy (GREEDY) unless `params` gives one SamplingParams per prompt; `engine_args` go to `LLM` (64 KV blocks
+    unless they say otherwise)."""
+    engine_args = {"num_kv_blocks": 64, **engine_args}
+    with LLM(model=str(checkpoint), tensor_parallel_size=tensor_parallel_size, **engine_args) as llm:
         return llm.generate(prompts, params or GREEDY)
 
 

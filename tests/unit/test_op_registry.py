@@ -306,7 +306,7 @@ def test_triton_is_the_default_on_cuda() -> None:
     # In a child: selecting imports the kernel modules, and this process must not import triton before
     # tests/kernels/conftest.py chooses its interpreter mode.
     ops_with_triton = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store",
-                       "attention", "fused_moe", "causal_conv", "gated_delta_rule", "ssd_scan"]
+                       "attention", "fused_moe", "causal_conv", "gated_delta_rule", "ssd_scan", "lora"]
     code = ("import json; from rapid_llm.ops.registry import REGISTRY; import rapid_llm.ops; "
             f"print(json.dumps([REGISTRY.select(op, 'cuda', 'bfloat16').backend for op in {ops_with_triton!r}]))")
     chosen = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
