@@ -1,12 +1,15 @@
 """LoRALinear: a linear layer plus each token's LoRA adapter, for a batch whose rows use different adapters.
 
-y = base(x) + B_s·A_s·x for the adapter slot s of each token (none: base(x) alone). The wrapper holds, per slice of
-the base's output (q/k/v of a merged QKV, gate/up, or the whole output), A [slots, max rank, in] and B [slots, rows,
-max rank] on the device, zero-padded to the max rank (exact: the padding adds zeros) with the adapter's scaling
-folded into B. Tensor parallelism shards B like the base weight (`output_slice`) and, for a row-parallel layer, A
-over its input columns: each rank adds its partial B·A·x before the base's all-reduce, which sums them to the whole
-product, so LoRA adds no collective. Which slot each token uses comes from the step's rows (layers/step_rows.py)
-through `LoRAStep`, which builds the grouped indices once per step for every layer ("lora" op, ops/multi_lora.py).
+y = base(x) + B_s·A_s·x for the adapter slot s of each token (none: base(x) alone). The wrapper holds one A [slots,
+pieces x max rank, in] and one B [slots, out, pieces x max rank] on the device, where a piece is a slice of the
+base's output (q/k/v of a merged QKV, gate/up, or the whole output): piece i's A rows and B columns are the i-th
+block of max-rank width, and its B rows are its own output columns, so B is block-diagonal and one "lora" op call
+adds every piece's delta (the zero blocks add exact zeros). Ranks are zero-padded to the max rank (exact) and the
+adapter's scaling is folded into B. Tensor parallelism shards B like the base weight (`output_slice`) and, for a
+row-parallel layer, A over its input columns: each rank adds its partial B·A·x before the base's all-reduce,
+which sums them to the whole product, so LoRA adds no collective. Which slot each token uses comes from the step's
+rows (layers/step_rows.py) through `LoRAStep`, which builds the grouped indices once per step for every layer
+("lora" op, ops/multi_lora.py).
 Usage: `wrapper = LoRALinear(linear, step, max_loras, max_rank)`; `wrapper.set_slot(slot, {"q": (A, B)})`.
 """
 
@@ -64,12 +67,12 @@ class LoRALinear(nn.Module):
         self.step = step
         self.row_parallel = isinstance(base, RowParallelLinear)
         self.slices = [LoRASlice(shard, *base.output_slice(shard)) for shard in base.shard_ids()]
-        self.lora_a = nn.ParameterList(
-            nn.Parameter(torch.zeros(max_loras, max_rank, base.input_size, dtype=dtype, device=device),
-                         requires_grad=False) for _ in self.slices)
-        self.lora_b = nn.ParameterList(
-            nn.Parameter(torch.zeros(max_loras, piece.rows, max_rank, dtype=dtype, device=device), requires_grad=False)
-            for piece in self.slices)
+        self.max_rank = max_rank
+        width = len(self.slices) * max_rank
+        self.lora_a = nn.Parameter(torch.zeros(max_loras, width, base.input_size, dtype=dtype, device=device),
+                                   requires_grad=False)
+        self.lora_b = nn.Parameter(torch.zeros(max_loras, base.output_size, width, dtype=dtype, device=device),
+                                   requires_grad=False)
 
     def targets(self) -> dict[str | int | None, tuple[int, int]]:
         """Shard id -> (input, output) features of the whole checkpoint matrix an adapter's A and B must match."""
@@ -78,18 +81,19 @@ class LoRALinear(nn.Module):
     def set_slot(self, slot: int, weights: dict[str | int | None, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one adapter in `slot`: shard id -> (A [rank, in], B [out, rank] with the scaling folded in), whole
         checkpoint matrices; slices it leaves out get zeros."""
-        for a_slots, b_slots, piece in zip(self.lora_a, self.lora_b, self.slices):
-            a_slots[slot].zero_()
-            b_slots[slot].zero_()
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        for index, piece in enumerate(self.slices):
             pair = weights.get(piece.shard_id)
             if pair is None:
                 continue
             lora_a, lora_b = pair
-            rank = lora_a.shape[0]
+            first, rank = index * self.max_rank, lora_a.shape[0]
             if self.row_parallel:
                 lora_a = lora_a.narrow(1, *self.base.input_slice())
-            a_slots[slot, :rank].copy_(lora_a)
-            b_slots[slot, :, :rank].copy_(lora_b.narrow(0, piece.source, piece.rows))
+            self.lora_a[slot, first:first + rank].copy_(lora_a)
+            self.lora_b[slot, piece.start:piece.start + piece.rows, first:first + rank].copy_(
+                lora_b.narrow(0, piece.source, piece.rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         indices = self.step.indices()
@@ -97,12 +101,8 @@ class LoRALinear(nn.Module):
             return self.base(x)
         if self.row_parallel:
             output = self.base.kernel(x, self.base.weight)
-            self._add(x, output, indices)
+            ops.lora(x, self.lora_a, self.lora_b, indices, output)
             return self.base.combine(output)
         output = self.base(x)
-        self._add(x, output, indices)
+        ops.lora(x, self.lora_a, self.lora_b, indices, output)
         return output
-
-    def _add(self, x: torch.Tensor, output: torch.Tensor, indices: LoRAIndices) -> None:
-        for a_slots, b_slots, piece in zip(self.lora_a, self.lora_b, self.slices):
-            ops.lora(x, a_slots, b_slots, indices, output[:, piece.start:piece.start + piece.rows])

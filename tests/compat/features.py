@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from rapid_llm.ipc.messages import SchedulerStats, TokenLogprobs
+from rapid_llm.sampling.lora_request import LoRARequest
 from rapid_llm.sampling.params import StructuredOutputsParams
 from tests.op_pins import BF16_PINNED
 
@@ -127,6 +128,14 @@ def _drafts_verified(method: str) -> Evidence:
     return evidence
 
 
+def _lora_enabled(run: CellRun, on: bool) -> str | None:
+    """the engine's summary has --enable-lora's settings when on, none when off"""
+    enabled = run.summary.get("lora") is not None
+    if on != enabled:
+        return f"LoRA is {'on' if on else 'off'}, yet the engine's summary says lora {run.summary.get('lora')!r}"
+    return None
+
+
 def _serves(architecture: str) -> Evidence:
     def evidence(run: CellRun, on: bool) -> str | None:
         served = run.summary.get("architecture")
@@ -188,6 +197,10 @@ NO_DRAFT_BLOCKERS = {"logprobs": None, "min_tokens": 0, "ignore_eos": True}
 # still runs the whole draft-model path: its own layers and KV cache, catch-up, verification.
 TARGET_CHECKPOINT = "<target checkpoint>"
 DRAFT_MODEL = {"method": "draft_model", "model": TARGET_CHECKPOINT, "num_speculative_tokens": 3}
+# Where a request's adapter names TARGET_ADAPTER the harness puts a random PEFT adapter of the cell's checkpoint
+# (rank 8 on every attention and MLP projection; benchmarks/common/lora_adapters.py).
+TARGET_ADAPTER = "<adapter of the target checkpoint>"
+LORA_REQUEST = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=TARGET_ADAPTER)
 
 # The prompts (tests/compat/harness.py) are 5-40 tokens with 24 new tokens each: a budget of 8 tokens
 # chunks every prompt but the shortest, 256 fits all four prompts in one step; 20 blocks of 4 tokens
@@ -245,12 +258,23 @@ FEATURES: tuple[Feature, ...] = (
             off=Setting("Llama"),
             on=Setting("Qwen3.5", architecture=HYBRID_ARCHITECTURE),
             evidence=_serves(HYBRID_ARCHITECTURE)),
+    # Its reference is the engine with the adapter and every op on its torch reference; that the adapter's tokens
+    # equal transformers + PEFT is tests/e2e/test_lora_server.py's.
+    Feature("lora", "LoRA adapter",
+            off=Setting("off"),
+            on=Setting("adapter", {"enable_lora": True, "max_lora_rank": 8}, request={"lora": LORA_REQUEST}),
+            evidence=_lora_enabled, in_reference=True),
 )
 
 _NO_DRAFTS = ("requests with structured output decode without drafts (the grammar matcher would have to "
               "advance per draft; docs/spec_decode/README.md), so speculation could not show it ran")
 
+_LORA_DRAFTS = ("the engine refuses --enable-lora with --speculative-config at start-up: drafts and their "
+                "verification would run without the request's adapter (docs/lora.md)")
+
 UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(frozenset({"speculative", "lora"}), _LORA_DRAFTS),
+    Unsupported(frozenset({"draft_model", "lora"}), _LORA_DRAFTS),
     Unsupported(frozenset({"tensor_parallel", "quantization"}),
                 "the engine refuses --quantization with --tensor-parallel-size > 1 at start-up: the quantized "
                 "linear methods' scales have not been tested sliced over ranks (docs/parallelism.md)"),

@@ -9,8 +9,8 @@ combination's settings, generates greedy tokens for
 the prompts twice (the second pass, in reverse order, finds the first's most recent blocks in the
 prefix cache) and compares both passes with the cell's reference, then checks each feature's evidence.
 A cell with none of the features that change numerics or tokens on (`Feature.in_reference`: dtype,
-quantization, the fp8 KV cache, structured output) is float32 and its reference is transformers, matched
-exactly. Otherwise the reference is the engine with those features on, every other feature off and every op
+quantization, the fp8 KV cache, structured output, a LoRA adapter) is float32 and its reference is transformers,
+matched exactly. Otherwise the reference is the engine with those features on, every other feature off and every op
 on its torch reference (transformers rounds bf16 in another order, tests/op_pins.py; it has no fp8 path and
 no grammar); an output may part from such a reference only at a tie (NEAR_TIE_NATS, FP8_NEAR_TIE_NATS with
 fp8 weights or KV), as another batch shape (a chunked prefill) rounds differently. A feature whose request carries
@@ -34,14 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import msgspec
 import torch
 import zmq
 
 from rapid_llm import LLM, SamplingParams
 from rapid_llm.ipc.messages import SchedulerStats, SchedulerToFrontend, TokenLogprobs
 from rapid_llm.ipc.sockets import Receiver
-from tests.compat.features import (DEFAULT_ARCHITECTURE, FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, CellRun, Feature,
-                                   Unsupported)
+from benchmarks.common.lora_adapters import ATTENTION, MLP, random_adapter
+from rapid_llm.sampling.lora_request import LoRARequest
+from tests.compat.features import (DEFAULT_ARCHITECTURE, FEATURES, TARGET_ADAPTER, TARGET_CHECKPOINT, UNSUPPORTED,
+                                   CellRun, Feature, Unsupported)
 from tests.hf_reference import hf_greedy, hf_model
 from tests.op_pins import ALL_REFERENCE
 
@@ -179,10 +182,21 @@ def last_stats(receiver: Receiver, quiet_s: float = 0.3) -> SchedulerStats | Non
     return stats
 
 
+def target_adapter(checkpoint: Path) -> Path:
+    """A random LoRA adapter of `checkpoint` beside it, built on first use (the same weights after)."""
+    folder = checkpoint.parent / f"{checkpoint.name}-lora"
+    if not (folder / "adapter_config.json").is_file():
+        random_adapter(checkpoint, folder, 8, ATTENTION + MLP, seed=0)
+    return folder
+
+
 def _with_checkpoint(value: Any, checkpoint: Path) -> Any:
-    """`value` with TARGET_CHECKPOINT replaced by the cell's checkpoint, inside dicts too."""
+    """`value` with TARGET_CHECKPOINT replaced by the cell's checkpoint and an adapter at TARGET_ADAPTER by its
+    random adapter, inside dicts too."""
     if isinstance(value, dict):
         return {key: _with_checkpoint(item, checkpoint) for key, item in value.items()}
+    if isinstance(value, LoRARequest) and value.lora_path == TARGET_ADAPTER:
+        return msgspec.structs.replace(value, lora_path=str(target_adapter(checkpoint)))
     return str(checkpoint) if value == TARGET_CHECKPOINT else value
 
 
@@ -201,8 +215,9 @@ def generate_twice(checkpoint: Path, prompt_ids: list[list[int]], engine_args: d
                     # (a scheduler retries what it could not send, so the newest snapshot arrives).
                     counters: list[Receiver] = [Receiver(context, paths.scheduler_to_frontend, SchedulerToFrontend)
                                                 for paths in llm._engine.replica_paths]
-                    first = llm.generate(prompt_ids, greedy(request))
-                    second = llm.generate(prompt_ids[::-1], greedy(request))[::-1]
+                    params = greedy(_with_checkpoint(request, checkpoint))
+                    first = llm.generate(prompt_ids, params)
+                    second = llm.generate(prompt_ids[::-1], params)[::-1]
                     stats = tuple(last_stats(receiver) for receiver in counters)
                     for receiver in counters:
                         receiver.socket.close()

@@ -22,10 +22,12 @@ from tests.compat.harness import (FP8_NEAR_TIE_NATS, NEAR_TIE_NATS, CellResult, 
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Six pairs, chosen so each float32 feature that starts no extra process is on in one of them. The hybrid model's
-# pair is prefix caching: its hits restore recurrent state from snapshots written at block boundaries mid-prompt.
+# Seven pairs, chosen so each float32 feature that starts no extra process is on in one of them. The hybrid model's
+# pair is prefix caching: its hits restore recurrent state from snapshots written at block boundaries mid-prompt; a
+# LoRA adapter's is chunked prefill (every chunk's rows read their adapter's slot).
 CI_SUBSET = [("chunked_prefill", "prefix_caching"), ("async_scheduling", "preemption"), ("speculative", "quantization"),
-             ("preemption", "draft_model"), ("structured_output", "kv_cache_fp8"), ("prefix_caching", "hybrid_model")]
+             ("preemption", "draft_model"), ("structured_output", "kv_cache_fp8"), ("prefix_caching", "hybrid_model"),
+             ("chunked_prefill", "lora")]
 FACTS = {"commit": "test", "device": "cpu", "date": "today"}
 
 
@@ -116,10 +118,12 @@ def test_with_every_pair_of_conflicts_the_largest_supported_combinations_run() -
     names = [feature.name for feature in FEATURES]
     runs = largest_supported(names, UNSUPPORTED)
     # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output;
-    # where draft-model speculation stays, the hybrid model too (a draft with recurrent state is refused).
+    # where draft-model speculation stays, the hybrid model too (a draft with recurrent state is refused); where
+    # either speculation stays, the LoRA adapter (refused with a speculative config).
     trio = {"speculative", "draft_model", "structured_output"}
     assert len(runs) == 6 and {frozenset(names) - set(run) for run in runs} == {
-        frozenset({one, *(trio - {other}), *(("hybrid_model",) if other == "draft_model" else ())})
+        frozenset({one, *(trio - {other}), *(("hybrid_model",) if other == "draft_model" else ()),
+                   *(("lora",) if other != "structured_output" else ())})
         for one in ("tensor_parallel", "quantization") for other in trio}
     default_checkpoint = _all_on_but("hybrid_model")
     default_runs = [run for run in largest_supported(default_checkpoint, UNSUPPORTED) if run not in runs]
