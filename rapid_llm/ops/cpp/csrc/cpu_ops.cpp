@@ -1,11 +1,12 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
-// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp, token_bitmask.cpp
-// and state_decode.cpp (one module, so one build and one load serve every CPU op).
+// fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp, token_bitmask.cpp,
+// state_decode.cpp and lora.cpp (one module, so one build and one load serve every CPU op).
 // Only this file includes Python binding headers, and only torch's pybind11 glue (the at::Tensor caster), not
 // <torch/extension.h>: that header pulls in the whole C++ frontend (torch::nn, autograd, optimisers), ~20 s
 // of compile per file. The kernel files include just the ATen headers they use for the same reason.
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
 #include <vector>
 
 void paged_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -42,6 +43,9 @@ at::Tensor ssd_scan_decode(const at::Tensor& x, const at::Tensor& dt, const at::
 at::Tensor gated_delta_rule_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                    const at::Tensor& g, const at::Tensor& beta, at::Tensor state,
                                    const at::Tensor& slots);
+void lora(const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& lora_b, const at::Tensor& slot_starts,
+          const at::Tensor& sorted_tokens, at::Tensor out);
+std::string lora_kernel();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
@@ -68,4 +72,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("ssd_scan_decode", &ssd_scan_decode, "One Mamba2 scan step per sequence, its state row in place");
   module.def("gated_delta_rule_decode", &gated_delta_rule_decode,
              "One gated delta rule step per sequence, its state row in place");
+  module.def("lora", &lora, "Each grouped token's LoRA delta (x A^T) B^T added into its row of out");
+  module.def("lora_kernel", &lora_kernel, "Which lora code this build has: avx512_bf16, avx512 or scalar");
 }
