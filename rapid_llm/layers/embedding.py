@@ -24,6 +24,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.rows_per_rank = -(-vocab_size // self.tp_size)
         self.vocab_start = self.tp_rank * self.rows_per_rank
@@ -57,5 +58,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     prepare_weights = LinearBase.prepare_weights
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = tp_all_gather(self.kernel(hidden_states, self.weight), dim=-1)
-        return logits[..., : self.vocab_size]
+        return self.gather_logits(self.kernel(hidden_states, self.weight))
+
+    def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
+        """Every rank's vocabulary slice of the logits side by side, the padding rows cut."""
+        return tp_all_gather(local_logits, dim=-1)[..., : self.vocab_size]

@@ -5,7 +5,9 @@ The model runner owns one `StepRows`; a feature adds a named column computed fro
 parameters, and wraps the modules that need it, after the model is built, with a reference to the object
 (as a LoRA layer would wrap a linear). Columns are per slot on the device (set when a request starts, reset
 when it leaves); once per forward the runner gathers them to the step's tokens, so a wrapped module reads
-`values(name)` [num_tokens] in its own forward. Model code does not change.
+`values(name)` [num_tokens] in its own forward. Logits are computed for a subset of the tokens (each sampled
+row's last, or a piece of a prompt): before each `compute_logits` the runner names them (`select_logit_rows`),
+and a wrapped LM head reads `logit_values(name)`. Model code does not change.
 Usage: `rows.add_column("adapter", lambda params: index_of(params))`; in a wrapper, `rows.values("adapter")`.
 """
 
@@ -32,6 +34,7 @@ class StepRows:
         self._max_num_seqs = max_num_seqs
         self._device = device
         self._columns: dict[str, _Column] = {}
+        self._logit_rows: torch.Tensor | slice | None = None  # the step's tokens the next logits are for
 
     @property
     def active(self) -> bool:
@@ -60,6 +63,16 @@ class StepRows:
         token_slots = slots[seq_index]
         for column in self._columns.values():
             column.per_token = column.per_slot[token_slots]
+        self._logit_rows = None
+
+    def select_logit_rows(self, rows: torch.Tensor | slice | None) -> None:
+        """The step's tokens (indices or a slice; None: every one) whose hidden states the next logits are for."""
+        self._logit_rows = rows
+
+    def logit_values(self, name: str) -> torch.Tensor:
+        """[rows] int64: column `name` for each row of the logits being computed (`select_logit_rows`)."""
+        values = self.values(name)
+        return values if self._logit_rows is None else values[self._logit_rows]
 
     def values(self, name: str) -> torch.Tensor:
         """[num_tokens] int64: column `name` for each token of the step being run."""

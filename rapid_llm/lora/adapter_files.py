@@ -4,8 +4,10 @@ A folder holds `adapter_config.json` and `adapter_model.safetensors`; only the s
 of names, dtypes and shapes) is read here. Key design choice: what an adapter may target is not a list kept here
 but what the served model reports (`targets`: each LoRA-capable linear's checkpoint name with its full input and
 output sizes), so a module the model lacks, or a shape of another base model, is refused naming it, for any
-architecture. Refused as well, each with its cause: DoRA, trained biases, `modules_to_save`, per-module rank or
-alpha patterns, fan-in-fan-out (Conv1D) layouts, embedding adapters and ranks over --max-lora-rank.
+architecture. An embedding's `lora_embedding_A/B` read as a linear's A/B (B·A of a one-hot token); the copy of
+the embedding or LM head PEFT saves beside them (`base_layer.weight`) must have the base's shape and is not read.
+Refused, each with its cause: DoRA, trained biases, `modules_to_save`, per-module rank or alpha patterns,
+fan-in-fan-out (Conv1D) layouts and ranks over --max-lora-rank.
 Usage: `adapter = read_adapter(path); check_adapter(adapter, targets, max_rank)`.
 """
 
@@ -21,7 +23,10 @@ from pathlib import Path
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
-LORA_SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B"}
+BASE_LAYER = "base"
+# tensor name suffix -> which part of its module it is
+LORA_SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B", ".lora_embedding_A": "A", ".lora_embedding_B": "B",
+                 ".base_layer.weight": BASE_LAYER}
 _MAX_HEADER_BYTES = 100 * 2**20
 
 
@@ -91,13 +96,13 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
 
 
 def module_of(tensor_name: str) -> tuple[str, str]:
-    """("model.layers.0.self_attn.q_proj", "A") for "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-    AdapterError for any other kind of tensor."""
+    """("model.layers.0.self_attn.q_proj", "A") for "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    (which: "A", "B" or BASE_LAYER); AdapterError for any other kind of tensor."""
     for suffix, which in LORA_SUFFIXES.items():
         if tensor_name.startswith(PEFT_PREFIX) and tensor_name.endswith(suffix):
             return tensor_name[len(PEFT_PREFIX):-len(suffix)], which
-    raise AdapterError(f"tensor {tensor_name!r} is not a LoRA A/B matrix of a linear layer (embedding adapters, DoRA "
-                       "magnitudes and other kinds are not served)")
+    raise AdapterError(f"tensor {tensor_name!r} is not a LoRA A/B matrix (DoRA magnitudes and other kinds are not "
+                       "served)")
 
 
 def read_adapter(path: str) -> AdapterFiles:
@@ -110,19 +115,27 @@ def read_adapter(path: str) -> AdapterFiles:
     if not weights.is_file():
         raise AdapterError(f"{folder} has no {WEIGHTS_FILE} (only safetensors adapters are served)")
     halves: dict[str, dict[str, tuple[int, int]]] = {}
+    embeddings: set[str] = set()  # modules whose halves are lora_embedding_A/B
     for name, shape in safetensors_shapes(weights).items():
         module, which = module_of(name)
         if len(shape) != 2:
             raise AdapterError(f"tensor {name!r} has shape {shape}: a LoRA matrix is 2-D")
         halves.setdefault(module, {})[which] = (shape[0], shape[1])
-    if not halves:
-        raise AdapterError(f"{weights} holds no LoRA tensors")
+        if ".lora_embedding_" in name:
+            embeddings.add(module)
     for module, pair in halves.items():
-        if set(pair) != {"A", "B"}:
-            raise AdapterError(f"module {module!r} has lora_{next(iter(pair))} without its other half")
+        if "A" not in pair or "B" not in pair:
+            raise AdapterError(f"module {module!r} has only {sorted(pair)} of its LoRA A and B")
         if pair["A"][0] != rank or pair["B"][1] != rank:
             raise AdapterError(f"module {module!r}: A {list(pair['A'])} and B {list(pair['B'])} do not have rank "
                                f"r = {rank} (adapter_config.json)")
+        # PEFT's copy of a vocabulary module: [vocab, hidden], the embedding's input or the head's output first.
+        dense = ((pair["A"][1], pair["B"][0]) if module in embeddings else (pair["B"][0], pair["A"][1]))
+        if BASE_LAYER in pair and pair[BASE_LAYER] != dense:
+            raise AdapterError(f"module {module!r}: base_layer.weight {list(pair[BASE_LAYER])} does not match its "
+                               f"LoRA matrices, which imply {list(dense)}")
+    if not halves:
+        raise AdapterError(f"{weights} holds no LoRA tensors")
     modules = {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
     return AdapterFiles(str(folder), rank, scaling, modules, config.get("base_model_name_or_path"))
 
@@ -135,9 +148,9 @@ def check_adapter(adapter: AdapterFiles, targets: Mapping[str, tuple[int, int]],
     for module, (shape_a, shape_b) in adapter.modules.items():
         sizes = targets.get(module)
         if sizes is None:
-            raise AdapterError(f"adapter {adapter.path} targets module {module!r}, which is not a LoRA-capable linear "
-                               "of the served model (LoRA serves the decoder layers' linears, not embeddings, the LM "
-                               "head or MoE experts)")
+            raise AdapterError(f"adapter {adapter.path} targets module {module!r}, which is not a LoRA-capable module "
+                               "of the served model (LoRA serves the attention and dense MLP linears, the token "
+                               "embedding and the LM head, not MoE experts)")
         if (shape_a[1], shape_b[0]) != sizes:
             raise AdapterError(f"adapter {adapter.path} module {module!r} maps {shape_a[1]} -> {shape_b[0]} features, "
                                f"the served model's {sizes[0]} -> {sizes[1]}: it was trained for another base model")

@@ -1,6 +1,7 @@
 """AdapterSlots: a worker's LoRA adapters, in `max_loras` device slots over a host tier of `max_cpu_loras`.
 
-After the model is loaded, every LoRA-capable linear (lora_linear.py) is wrapped and the step rows get a column:
+After the model is loaded, every LoRA-capable linear (lora_linear.py), the token embedding and the LM head
+(lora_vocab.py) are wrapped and the step rows get a column:
 each token's device slot. A request that starts with an adapter takes the slot holding it, or an empty one, or the
 least recently used slot no running request holds (its adapter is evicted); the adapter's weights come from the
 host tier, or from its folder when the tier does not hold it (LRU beyond `max_cpu_loras`). The scheduler never runs
@@ -18,13 +19,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from torch import nn
 
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.layers.step_rows import StepRows
-from rapid_llm.lora.adapter_files import WEIGHTS_FILE, check_adapter, module_of, read_adapter
+from rapid_llm.lora.adapter_files import BASE_LAYER, WEIGHTS_FILE, check_adapter, module_of, read_adapter
 from rapid_llm.lora.lora_linear import LORA_LINEARS, SLOT_COLUMN, LoRALinear, LoRAStep
+from rapid_llm.lora.lora_vocab import VOCAB_WRAPPERS, LoRAEmbedding, LoRALMHead
 from rapid_llm.models.weight_mapping import checkpoint_name_of
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.sampling.lora_request import LoRARequest
@@ -32,17 +34,19 @@ from rapid_llm.sampling.lora_request import LoRARequest
 logger = logging.getLogger(__name__)
 NO_SLOT = -1
 Weights = dict[str, tuple[torch.Tensor, torch.Tensor]]  # checkpoint module name -> (A, scaled B), host copies
+LoRAModule = LoRALinear | LoRAEmbedding | LoRALMHead
 
 
-def _wrap_linears(model: nn.Module, step: LoRAStep, config: LoRAConfig, dtype: torch.dtype,
-                  device: torch.device) -> dict[str, LoRALinear]:
-    """Replace each LoRA-capable linear of the model by its wrapper; module name -> wrapper."""
-    wrapped: dict[str, LoRALinear] = {}
+def _wrap_modules(model: nn.Module, step: LoRAStep, config: LoRAConfig, dtype: torch.dtype,
+                  device: torch.device) -> dict[str, LoRAModule]:
+    """Replace each LoRA-capable module of the model by its wrapper; module name -> wrapper."""
+    wrapped: dict[str, LoRAModule] = {}
     for name, module in list(model.named_modules()):
-        if type(module) not in LORA_LINEARS:
+        wrapper_class = LoRALinear if type(module) in LORA_LINEARS else VOCAB_WRAPPERS.get(type(module))
+        if wrapper_class is None:
             continue
         parent_name, _, child = name.rpartition(".")
-        wrapper = LoRALinear(module, step, config.max_loras, config.max_lora_rank, dtype, device)
+        wrapper = wrapper_class(module, step, config.max_loras, config.max_lora_rank, dtype, device)
         setattr(model.get_submodule(parent_name), child, wrapper)
         wrapped[name] = wrapper
     return wrapped
@@ -56,9 +60,9 @@ class AdapterSlots:
         self.step = LoRAStep(rows, config.max_loras)
         stacked = getattr(model, "stacked_params", ())
         # checkpoint module name (as PEFT names it) -> (wrapper, the base's shard id it fills)
-        self._shards: dict[str, tuple[LoRALinear, str | int | None]] = {}
+        self._shards: dict[str, tuple[LoRAModule, str | int | None]] = {}
         self.targets: dict[str, tuple[int, int]] = {}  # checkpoint module name -> (input, output) features
-        for name, wrapper in _wrap_linears(model, self.step, config, dtype, device).items():
+        for name, wrapper in _wrap_modules(model, self.step, config, dtype, device).items():
             for shard_id, sizes in wrapper.targets().items():
                 checkpoint = checkpoint_name_of(f"{name}.weight", shard_id, stacked).removesuffix(".weight")
                 self._shards[checkpoint] = (wrapper, shard_id)
@@ -71,7 +75,7 @@ class AdapterSlots:
         self._row_slots: dict[int, int] = {}  # request row (the scheduler's slot) -> device slot
         self._host: OrderedDict[int, Weights] = OrderedDict()
         rows.add_column(SLOT_COLUMN, self._slot_of, default=NO_SLOT)
-        logger.info("LoRA: %d linears take adapters, %d device slots of rank %d, %d host copies",
+        logger.info("LoRA: %d modules take adapters, %d device slots of rank %d, %d host copies",
                     len(self._wrappers), config.max_loras, config.max_lora_rank, config.max_cpu_loras)
 
     def _slot_of(self, params: SamplingParams) -> int:
@@ -110,7 +114,7 @@ class AdapterSlots:
         return slot
 
     def _fill(self, slot: int, weights: Weights) -> None:
-        per_wrapper: dict[LoRALinear, dict] = {wrapper: {} for wrapper in self._wrappers}
+        per_wrapper: dict[LoRAModule, dict] = {wrapper: {} for wrapper in self._wrappers}
         for module, pair in weights.items():
             wrapper, shard_id = self._shards[module]
             per_wrapper[wrapper][shard_id] = pair
@@ -132,9 +136,11 @@ class AdapterSlots:
         adapter = read_adapter(lora.lora_path)
         check_adapter(adapter, self.targets, self.config.max_lora_rank)
         halves: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in load_file(f"{adapter.path}/{WEIGHTS_FILE}").items():
-            module, which = module_of(name)
-            halves.setdefault(module, {})[which] = tensor
+        with safe_open(f"{adapter.path}/{WEIGHTS_FILE}", "pt") as weights:
+            for name in weights.keys():
+                module, which = module_of(name)
+                if which != BASE_LAYER:  # a copy of the base's embedding or head: checked by shape, not read
+                    halves.setdefault(module, {})[which] = weights.get_tensor(name)
         logger.info("LoRA adapter %r (id %d) read from %s: rank %d, %d modules", lora.lora_name, lora.lora_int_id,
                     adapter.path, adapter.rank, len(halves))
         return {module: (pair["A"].to(self.dtype),

@@ -51,6 +51,12 @@ class LoRAStep:
             self._token_slots, self._indices = token_slots, lora_indices(token_slots, self.num_slots)
         return self._indices
 
+    def logit_indices(self) -> LoRAIndices | None:
+        """Like `indices`, for the rows of the logits being computed (the LM head's tokens)."""
+        if not self.active:
+            return None
+        return lora_indices(self.rows.logit_values(SLOT_COLUMN), self.num_slots)
+
 
 class LoRASlice(NamedTuple):
     shard_id: str | int | None  # the base's shard id (e.g. "q", 0), None for a single matrix

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -282,7 +283,7 @@ class ModelRunner:
         hidden_states = self._forward(slots, query_lens, ends, chunk_drafts, [chunk.state_saves for chunk in chunks])
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
-            prompt_logprobs = score_prompts(self.model, hidden_states, self._described(chunks))
+            prompt_logprobs = score_prompts(partial(self._logits, hidden_states), self._described(chunks))
         pooled = self.pooling.pool(batch.request_ids, slots, query_lens, ends, batch.num_prompt_tokens, hidden_states)
         samples = np.flatnonzero(ends == batch.num_tokens[slots])
         if not samples.size:
@@ -301,7 +302,7 @@ class ModelRunner:
              torch.from_numpy(ends[samples])], self.device)
         # A decode step samples every token: no gather.
         every_token = samples.size == hidden_states.shape[0]
-        logits = self.model.compute_logits(hidden_states if every_token else hidden_states[last_token_index])
+        logits = self._logits(hidden_states, None if every_token else last_token_index)
         num_outputs = batch.num_tokens[sample_slots] - batch.num_prompt_tokens[sample_slots]
         sampling_batch = batch.sampling.batch(sample_slots, slots_on_device, num_outputs)
         logit_bias = (LogitBias.build([batch.params[slot] for slot in sample_slots.tolist()],
@@ -355,7 +356,7 @@ class ModelRunner:
          counts_on_device, first_positions) = to_device(
             [torch.from_numpy(array) for array in
              (hidden_rows, expanded, sample_slots, rows, offsets, drafts, counts, first_positions)], self.device)
-        logits = self.model.compute_logits(hidden_states[hidden_index])
+        logits = self._logits(hidden_states, hidden_index)
         sampling_batch = batch.sampling.batch(expanded, expanded_on_device, num_outputs)
         logit_bias = (LogitBias.build([batch.params[slot] for slot in expanded.tolist()], self.model_config.vocab_size,
                                       self.device) if batch.has_logit_bias[expanded].any() else None)
@@ -383,6 +384,13 @@ class ModelRunner:
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
         return PendingOutput(samples.tolist(), kept, asked, prompt_logprobs, num_accepted, drafts, pooled)
+
+    def _logits(self, hidden_states: torch.Tensor, rows: torch.Tensor | slice | None) -> torch.Tensor:
+        """Logits of the step's token `rows` (indices or a slice; None: every token), named to the step rows first
+        so a wrapped LM head reads their values."""
+        if self.step_rows.active:
+            self.step_rows.select_logit_rows(rows)
+        return self.model.compute_logits(hidden_states if rows is None else hidden_states[rows])
 
     def _validate(self, slots: np.ndarray, query_lens: np.ndarray, ends: np.ndarray) -> None:
         """Vectorised over the step; the first bad chunk is named."""

@@ -6,12 +6,13 @@ scores its own span. Logits are computed `ROWS_PER_PIECE` rows at a time, so a l
 large vocabulary never materialises a [prompt, vocab] float32 tensor at once.
 
 Usage:
-    chunks = score_prompts(model, hidden_states, requests)  # list[PromptLogprobs], one per chunk that scores
+    chunks = score_prompts(logits_of, requests)  # list[PromptLogprobs], one per chunk that scores
+where `logits_of(rows)` computes the logits of a slice of the step's tokens (the model runner's `_logits`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -29,12 +30,10 @@ class ScoredChunk(Protocol):
     sampling_params: SamplingParams
 
 
-class LogitsModel(Protocol):
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+LogitsOf = Callable[[slice], torch.Tensor]  # logits [rows, vocab] of a slice of the step's tokens
 
 
-def score_prompts(model: LogitsModel, hidden_states: torch.Tensor,
-                  requests: Sequence[ScoredChunk]) -> list[PromptLogprobs]:
+def score_prompts(logits_of: LogitsOf, requests: Sequence[ScoredChunk]) -> list[PromptLogprobs]:
     """Prompt logprobs of every request in the step that asked and whose chunk covers prompt tokens."""
     results = []
     row = 0
@@ -43,19 +42,20 @@ def score_prompts(model: LogitsModel, hidden_states: torch.Tensor,
         first, end = request.num_computed_tokens, request.num_computed_tokens + request.num_new_tokens
         last = min(end, len(request.prompt_token_ids) - 1)  # the last prompt token predicts an output
         if params.prompt_logprobs is not None and last > first:
-            rows = hidden_states[row : row + last - first]
-            targets = torch.tensor(request.prompt_token_ids[first + 1 : last + 1], device=hidden_states.device)
-            entries = _score(model, rows, targets, params.prompt_logprobs)
+            targets = torch.tensor(request.prompt_token_ids[first + 1 : last + 1])
+            entries = _score(logits_of, row, targets, params.prompt_logprobs)
             results.append(PromptLogprobs(request.request_id, first + 1, entries))
         row += request.num_new_tokens
     return results
 
 
-def _score(model: LogitsModel, rows: torch.Tensor, targets: torch.Tensor, top_n: int) -> list[TokenLogprobs]:
+def _score(logits_of: LogitsOf, first_row: int, targets: torch.Tensor, top_n: int) -> list[TokenLogprobs]:
+    """Entries for the step's tokens first_row, first_row + 1, ... scored against `targets`."""
     entries: list[TokenLogprobs] = []
-    for start in range(0, rows.shape[0], ROWS_PER_PIECE):
-        logprobs = model.compute_logits(rows[start : start + ROWS_PER_PIECE]).float().log_softmax(dim=-1)
-        piece_targets = targets[start : start + ROWS_PER_PIECE]
+    for start in range(0, targets.shape[0], ROWS_PER_PIECE):
+        end = min(start + ROWS_PER_PIECE, targets.shape[0])
+        logprobs = logits_of(slice(first_row + start, first_row + end)).float().log_softmax(dim=-1)
+        piece_targets = targets[start:end].to(logprobs.device)
         chosen = logprobs.gather(1, piece_targets.unsqueeze(1))
         # Ties rank the token first among equals, as vLLM counts only strictly larger logprobs.
         ranks = (logprobs > chosen).sum(dim=-1) + 1

@@ -2,7 +2,8 @@
 every adapter (B split like the base weight's output rows, A like a row-parallel weight's input columns, whose
 partial products the base's all-reduce sums), and greedy tokens equal transformers + PEFT in fp32 for a batch
 mixing two adapters and the base model. Two KV-head layouts: 2 KV heads (one per rank) and 1 KV head (replicated
-on both ranks, so each rank's k/v slice of B is the whole checkpoint's). A third run forces preemption (tiny KV
+on both ranks, so each rank's k/v slice of B is the whole checkpoint's); one adapter also adapts the embedding
+(whole on each rank) and the LM head (B split over the ranks' vocabulary rows). A third run forces preemption (tiny KV
 cache): preempted requests come back to their adapter's slot and still match.
 """
 
@@ -13,7 +14,7 @@ import pytest
 from rapid_llm import SamplingParams
 from rapid_llm.sampling.lora_request import LoRARequest
 from tests.distributed.golden import generate, random_prompts
-from tests.lora_adapters import ATTENTION, MLP, peft_greedy, random_adapter
+from tests.lora_adapters import ATTENTION, MLP, VOCAB, peft_greedy, random_adapter
 
 NEW_TOKENS = 12
 
@@ -39,7 +40,8 @@ def run(checkpoint, adapters: dict, tensor_parallel_size: int, **engine_args) ->
 def test_tp2_adapters_equal_peft(tiny_checkpoint, tmp_path, num_kv_heads: int) -> None:
     checkpoint = tiny_checkpoint("LlamaForCausalLM", num_key_value_heads=num_kv_heads)
     adapters = {"all": random_adapter(checkpoint, tmp_path / "all", 8, ATTENTION + MLP, seed=1),
-                "kv": random_adapter(checkpoint, tmp_path / "kv", 16, ["k_proj", "v_proj", "down_proj"], seed=2)}
+                "kv": random_adapter(checkpoint, tmp_path / "kv", 16, ["k_proj", "v_proj", "down_proj", *VOCAB],
+                                     seed=2)}
     run(checkpoint, adapters, 2)
 
 

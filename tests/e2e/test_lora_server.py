@@ -1,5 +1,5 @@
 """Multi-LoRA through the real server: greedy tokens equal transformers + PEFT (fp32) for three random adapters
-of different ranks and target modules and the base model, all in flight at once, with chunked prefill, prefix
+of different ranks and target modules (one also on the embedding and the LM head) and the base model, all in flight at once, with chunked prefill, prefix
 caching and async scheduling on, on Llama and Qwen3; runtime load / unload / reload under traffic; eviction
 beyond --max-loras and --max-cpu-loras; refusals naming their cause (docs/lora.md).
 
@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from tests.e2e.server import ServerProcess
-from tests.lora_adapters import ATTENTION, MLP, peft_greedy, random_adapter
+from tests.lora_adapters import ATTENTION, MLP, VOCAB, peft_greedy, peft_model, random_adapter
 
 NEW_TOKENS = 10
 BASE = "tiny"
 # name -> (rank, target modules, rsLoRA)
-ADAPTERS = {"a1": (8, ATTENTION + MLP, False), "a2": (4, ["q_proj", "v_proj"], False),
+ADAPTERS = {"a1": (8, ATTENTION + MLP + VOCAB, False), "a2": (4, ["q_proj", "v_proj"], False),
             "a3": (16, ["o_proj", "down_proj"], True)}
 
 
@@ -89,6 +89,18 @@ def test_mixed_batch_equals_peft(lora_server) -> None:
     assert {(card["id"], card.get("parent")) for card in models} == {(BASE, None), ("a1", BASE), ("a2", BASE),
                                                                       ("a3", BASE)}
     assert "LoRA adapter 'a3' (id 3) read from" in lora_server.server.log()
+
+
+def test_prompt_logprobs_follow_the_adapter(lora_server) -> None:
+    """a1 adapts the LM head: prompt logprobs (logits of slices of each 16-token chunk) are PEFT's too."""
+    prompt = prompts()[2]
+    with torch.no_grad():
+        reference = peft_model(lora_server.checkpoint, lora_server.adapters["a1"])(
+            torch.tensor([prompt])).logits[0].float().log_softmax(dim=-1)
+    body = {"model": "a1", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1, "temperature": 0.0}
+    entries = lora_server.post("/v1/completions", body).raise_for_status().json()["choices"][0]["prompt_logprobs"]
+    got = [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], prompt[1:])]
+    assert got == pytest.approx(reference[range(len(prompt) - 1), prompt[1:]].tolist(), abs=1e-3)
 
 
 def test_load_unload_reload_under_traffic(lora_server) -> None:

@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, list[str]]] = [
                 f"{QUANT}.methods", f"{QUANT}.fp4_config", f"{QUANT}.fp8_config", f"{QUANT}.int4_config",
                 f"{QUANT}.compressed_tensors_config"]),
     ("kernels", ["rapid_llm.ops", f"{QUANT}.fp4_math", f"{QUANT}.fp8_math", f"{QUANT}.int4_math"]),
-    ("layers", ["rapid_llm.layers", "rapid_llm.lora.lora_linear", f"{QUANT}.linear_method", f"{QUANT}.moe_method"]),
+    ("layers", ["rapid_llm.layers", "rapid_llm.lora.lora_linear", "rapid_llm.lora.lora_vocab", f"{QUANT}.linear_method", f"{QUANT}.moe_method"]),
     ("models", ["rapid_llm.models", QUANT]),
     ("loading", ["rapid_llm.model_loader", "rapid_llm.spec_decode", "rapid_llm.quantize", "rapid_llm.lora"]),
     ("processes", ["rapid_llm.scheduler_proc", "rapid_llm.worker_proc", "rapid_llm.detokenizer_proc",

@@ -1,6 +1,6 @@
-"""PEFT adapter folders read without torch and checked against the served model's LoRA-capable linears
-(lora/adapter_files.py), the multi-LoRA flags (config/lora_config.py, server_args), and the linears a worker
-wraps (lora/adapter_slots.py): dense projections of every layer, never MoE experts."""
+"""PEFT adapter folders read without torch and checked against the served model's LoRA-capable modules
+(lora/adapter_files.py), the multi-LoRA flags (config/lora_config.py, server_args), and the modules a worker
+wraps (lora/adapter_slots.py): dense projections of every layer, the embedding and the LM head, never MoE experts."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def test_configs_that_change_the_math_are_refused(tmp_path, config, cause) -> No
 
 
 def test_tensors_and_shapes_the_model_cannot_take_are_refused(tmp_path) -> None:
-    embedding = {"base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 10)}
-    with pytest.raises(AdapterError, match="embedding adapters"):
-        read_adapter(write_adapter(tmp_path / "embed", tensors=embedding))
-    with pytest.raises(AdapterError, match="without its other half"):
+    with pytest.raises(AdapterError, match="not a LoRA A/B matrix"):
+        read_adapter(write_adapter(tmp_path / "dora", tensors={f"base_model.model.{Q}.lora_magnitude_vector":
+                                                              torch.zeros(64)}))
+    with pytest.raises(AdapterError, match=r"only \['A'\]"):
         half = {f"base_model.model.{Q}.lora_A.weight": torch.zeros(4, 64)}
         read_adapter(write_adapter(tmp_path / "half", tensors=half))
     with pytest.raises(AdapterError, match="do not have rank"):
@@ -71,6 +71,25 @@ def test_tensors_and_shapes_the_model_cannot_take_are_refused(tmp_path) -> None:
         check_adapter(adapter, {}, max_rank=8)
     with pytest.raises(AdapterError, match="not a PEFT adapter folder"):
         read_adapter(str(tmp_path))
+
+
+def test_embedding_and_lm_head_adapters_read_as_linears(tmp_path) -> None:
+    """PEFT's lora_embedding_A/B and the base_layer copies it saves beside them (checked by shape, not kept)."""
+    embed, head = "model.embed_tokens", "lm_head"
+    tensors = {f"base_model.model.{embed}.lora_embedding_A": torch.zeros(4, 100),
+               f"base_model.model.{embed}.lora_embedding_B": torch.zeros(64, 4),
+               f"base_model.model.{embed}.base_layer.weight": torch.zeros(100, 64),
+               f"base_model.model.{head}.lora_A.weight": torch.zeros(4, 64),
+               f"base_model.model.{head}.lora_B.weight": torch.zeros(100, 4),
+               f"base_model.model.{head}.base_layer.weight": torch.zeros(100, 64)}
+    adapter = read_adapter(write_adapter(tmp_path / "vocab", tensors=tensors))
+    assert adapter.modules == {embed: ((4, 100), (64, 4)), head: ((4, 64), (100, 4))}
+    check_adapter(adapter, {embed: (100, 64), head: (64, 100)}, max_rank=4)
+    with pytest.raises(AdapterError, match="another base model"):
+        check_adapter(adapter, {embed: (120, 64), head: (64, 120)}, max_rank=4)
+    tensors[f"base_model.model.{head}.base_layer.weight"] = torch.zeros(64, 100)
+    with pytest.raises(AdapterError, match=r"imply \[100, 64\]"):
+        read_adapter(write_adapter(tmp_path / "transposed", tensors=tensors))
 
 
 def test_flags_are_checked_at_start(tiny_checkpoint) -> None:
@@ -97,7 +116,7 @@ def test_moe_experts_take_no_adapter(tiny_checkpoint, tmp_path) -> None:
     model = load_model(model_config, torch.device("cpu"))
     slots = AdapterSlots(model, LoRAConfig(max_loras=1), StepRows(2, torch.device("cpu")), torch.float32,
                          torch.device("cpu"))
-    assert "model.layers.0.self_attn.q_proj" in slots.targets
+    assert {"model.layers.0.self_attn.q_proj", "model.embed_tokens", "lm_head"} <= set(slots.targets)
     assert not any("experts" in name for name in slots.targets)
     expert = "base_model.model.model.layers.0.mlp.experts.0.gate_proj"
     folder = write_adapter(tmp_path, tensors={f"{expert}.lora_A.weight": torch.zeros(4, 8),

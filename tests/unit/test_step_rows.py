@@ -45,6 +45,20 @@ def test_columns_follow_slots_to_the_step_tokens() -> None:
         rows.values("other")
 
 
+def test_logit_rows_pick_the_tokens_whose_logits_are_computed() -> None:
+    rows = StepRows(max_num_seqs=4, device=torch.device("cpu"))
+    rows.add_column("shift", shift_of)
+    rows.start(1, SamplingParams(seed=SHIFTED_SEED))
+    rows.begin_step(torch.tensor([0, 1]), torch.tensor([0, 0, 1, 1]))
+    assert rows.logit_values("shift").tolist() == [0, 0, 1, 1]  # none selected: every token
+    rows.select_logit_rows(torch.tensor([1, 3]))  # each sequence's last token
+    assert rows.logit_values("shift").tolist() == [0, 1]
+    rows.select_logit_rows(slice(1, 3))  # a piece of prompt rows
+    assert rows.logit_values("shift").tolist() == [0, 1]
+    rows.begin_step(torch.tensor([1]), torch.tensor([0]))  # a new step forgets the selection
+    assert rows.logit_values("shift").tolist() == [1]
+
+
 def test_a_column_is_not_read_outside_a_step() -> None:
     rows = StepRows(max_num_seqs=2, device=torch.device("cpu"))
     rows.add_column("shift", shift_of)
