@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from rapid_llm.ops.triton import (activation, attention_decode, attention_prefill, causal_conv, fused_moe, gated_delta,
-                                   kv_cache, mla_attention, norm, quant_activation, quant_gemm, rotary, ssd)
+                                   kv_cache, lora, mla_attention, norm, quant_activation, quant_gemm, rotary, ssd)
 
 SHARED_MEMORY_BUDGET = 100 * 1024  # consumer sm_8x parts; datacenter GPUs have more
 # Arguments the launch sees 16-divisible at model shapes, which Triton's specialisation marks: whether a GEMM's
@@ -110,6 +110,16 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any], dict[str, str], dict[s
         cases.append((f"ssd_scan kept={kept}", ssd._ssd_kernel, "bf16",
                       {"GROUP": 16, "BLOCK_P": 8, "BLOCK_N": 128, **kept_rows},
                       {**state_ops, "A_ptr": "*fp32", "out_ptr": "*fp32"}, {"num_warps": 1}))
+    # Multi-LoRA: shrink and expand at a decode's and a prefill's token blocks, rank 16 (a 64-rank step for larger).
+    lora_types = {"shrunk_ptr": "*fp32", "sorted_tokens_ptr": "*i64", "slot_starts_ptr": "*i64"}
+    for dtype, dot, precision, block_k in (("bf16", tl.bfloat16, "tf32", 64), ("fp32", tl.float32, "ieee", 32)):
+        for block_m in (16, 64):
+            cases.append((f"lora shrink {dtype} block_m={block_m}", lora._shrink_kernel, dtype,
+                          {"BLOCK_M": block_m, "BLOCK_R": 16, "BLOCK_K": block_k, "DOT_DTYPE": dot,
+                           "PRECISION": precision}, lora_types, {"num_warps": 4, "num_stages": 3}))
+            cases.append((f"lora expand {dtype} block_m={block_m}", lora._expand_kernel, dtype,
+                          {"BLOCK_M": block_m, "BLOCK_N": lora._BLOCK_N, "BLOCK_R": 64}, lora_types,
+                          {"num_warps": 4, "num_stages": 2}))
     return cases
 
 

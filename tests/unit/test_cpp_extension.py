@@ -93,5 +93,5 @@ def test_a_missing_compiler_is_a_skip_reason_without_building(sources: Path, mon
 def test_the_extension_s_ops_are_the_cpu_defaults(dtype: str) -> None:
     selection = REGISTRY.select("attention", "cpu", dtype)
     assert selection.backend == "cpu_paged" and selection.fn is cpu_paged.CPU_PAGED_BACKEND
-    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"):
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "lora"):
         assert REGISTRY.select(op, "cpu", dtype).backend == "cpu_cpp"
