@@ -92,6 +92,14 @@ class ServerArgs:
                                       "over (tensor parallelism, torch.distributed: gloo on CPU, NCCL on CUDA); "
                                       "Llama-family, MoE and DeepSeek-V2/V3 models. See docs/parallelism.md.",
                                       "aliases": ("--tp", "--tp-size", "-tp")})
+    pipeline_parallel_size: int = field(default=1, metadata={"help": "Pipeline stages the decoder layers are "
+                                        "split into, each of --tensor-parallel-size ranks; hidden states pass stage "
+                                        "to stage, the last stage samples. Llama-family, MoE and DeepSeek-V2/V3 "
+                                        "models. See docs/parallelism.md.",
+                                        "aliases": ("--pp", "--pp-size", "-pp")})
+    pp_layer_partition: str | None = field(default=None, metadata={"help": "Decoder layers per pipeline stage, "
+                                           "comma-separated (e.g. 10,14); default: an even split, the remainder "
+                                           "on the last stages."})
     enable_expert_parallel: bool = field(default=False, metadata={"help": "Partition MoE experts over the "
                                          "tensor-parallel ranks (EP size = TP size) instead of splitting each "
                                          "expert; tokens reach their experts by all-to-all."})
@@ -295,7 +303,9 @@ class ServerArgs:
                                   eplb=EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None,
                                   data_parallel_size=self.data_parallel_size,
                                   load_balance_method=self.load_balance_method, nnodes=self.nnodes,
-                                  node_rank=self.node_rank, dist_init_addr=self.dist_init_addr)
+                                  node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
+                                  pipeline_parallel_size=self.pipeline_parallel_size,
+                                  pp_layer_partition=_int_tuple(self.pp_layer_partition, "--pp-layer-partition"))
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
                              "split sizes are not compiled; drop one of the flags")
@@ -305,6 +315,8 @@ class ServerArgs:
             self._check_disaggregation(kv_transfer, parallel, speculative)
         served_model_name = self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir
         lora = self._lora_config(speculative, kv_transfer, served_model_name)
+        if parallel.pipeline_parallel_size > 1:
+            _check_pipeline_features(parallel, speculative, kv_transfer, lora is not None)
         cache = CacheConfig(
             block_size=self.block_size,
             cache_dtype=self.kv_cache_dtype,
@@ -416,3 +428,28 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(2)
+
+
+def _int_tuple(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """"10,14" -> (10, 14); None stays None."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def _check_pipeline_features(parallel: ParallelConfig, speculative: SpeculativeConfig | None,
+                             kv_transfer: KVTransferConfig | None, lora: bool) -> None:
+    """What pipeline stages cannot run with yet, refused at start with the reason."""
+    pp = f"--pipeline-parallel-size {parallel.pipeline_parallel_size}"
+    if speculative is not None:
+        raise ValueError(f"{pp} with --speculative-config: drafts are proposed and verified on one stage's hidden "
+                         "states and a proposer's own layers are not staged; drop one of the flags")
+    if kv_transfer is not None:
+        raise ValueError(f"{pp} with --kv-transfer-config: each stage holds the KV of its own layers and the "
+                         "transfer agents move one stage's cache; drop one of the flags")
+    if lora:
+        raise ValueError(f"{pp} with --enable-lora: adapters are checked against the first stage's modules only; "
+                         "drop one of the flags")

@@ -42,6 +42,8 @@ class EngineConfig:
             "max_model_len": self.model.max_model_len,
             "device": self.device.type,
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
+            "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
+            "pp_layer_partition": self.parallel.pp_layer_partition,
             "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,

@@ -5,7 +5,9 @@ ranks in one torch.distributed group; `--enable-expert-parallel` partitions MoE 
 of splitting each expert (EP size = TP size, vLLM's TP x DP with DP 1), and `--enable-eplb` adds load-balanced
 redundant experts (EPLBConfig). `--data-parallel-size D` runs D such replicas (each a scheduler, a detokenizer
 and its N ranks) behind one frontend that routes requests by `--load-balance-method`;
-`--nnodes/--node-rank/--dist-init-addr` spread one replica's ranks over hosts. Which architectures shard is
+`--nnodes/--node-rank/--dist-init-addr` spread one replica's ranks over hosts. `--pipeline-parallel-size P`
+(`-pp`) splits the decoder layers into P stages of N ranks each (distributed/pipeline.py; `--pp-layer-partition`
+gives each stage's layer count). Which architectures shard is
 decided here, in the launcher and without torch, so a layout that cannot run fails before any child starts
 with a message naming the flag: the dense Llama family, LFM2, NemotronH (Mamba2 heads and groups), the MoE
 models (Mixtral, Qwen2/3-MoE) and DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized linears do not.
@@ -30,6 +32,11 @@ MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwe
                                "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
                                "Qwen3_5MoeForCausalLM"})
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens", "cache_aware")
+# The Llama family's decoder stack (models/llama.py), which builds only its stage's layers.
+PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                             "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                             "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+PP_FLAG = "--pipeline-parallel-size"
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
                                            "Qwen3_5ForCausalLM"}
@@ -47,10 +54,13 @@ class ParallelConfig:
     node_rank: int = 0
     dist_init_addr: str | None = None  # "host:port" of node 0 (multi-node only)
     data_parallel_rank: int = 0  # the replica a worker belongs to (set per replica by the launcher)
+    pipeline_parallel_size: int = 1
+    pp_layer_partition: tuple[int, ...] | None = None  # decoder layers per stage (None: an even split)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"{FLAG} must be at least 1, got {self.tensor_parallel_size}")
+        self._check_pipeline()
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
@@ -71,6 +81,26 @@ class ParallelConfig:
             raise ValueError(f"--enable-eplb balances experts over expert-parallel ranks: it needs {EP_FLAG} "
                              f"and {FLAG} of at least 2")
 
+    def _check_pipeline(self) -> None:
+        pp = self.pipeline_parallel_size
+        if pp < 1:
+            raise ValueError(f"{PP_FLAG} must be at least 1, got {pp}")
+        if self.pp_layer_partition is not None and pp == 1:
+            raise ValueError(f"--pp-layer-partition takes effect with {PP_FLAG} > 1 only")
+        if pp == 1:
+            return
+        if self.nnodes > 1:
+            raise ValueError(f"{PP_FLAG} {pp} with --nnodes {self.nnodes}: results come from the last stage, which "
+                             "must share a host with the scheduler; multi-node pipelines are not built yet")
+        if self.eplb is not None:
+            raise ValueError(f"--enable-eplb with {PP_FLAG} {pp}: expert rebalancing sends experts between "
+                             "world ranks, not within a stage; drop one of the flags")
+
+    @property
+    def result_rank(self) -> int:
+        """The rank that samples and answers the scheduler: the last pipeline stage's first rank."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
+
     @property
     def expert_parallel_size(self) -> int:
         """Ranks the experts are partitioned over: the tensor-parallel group when EP is on, else 1."""
@@ -78,8 +108,8 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks of one replica's torch.distributed group (over every node)."""
-        return self.tensor_parallel_size
+        """Ranks of one replica's torch.distributed group (over every node and pipeline stage)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def local_ranks(self) -> range:
@@ -97,6 +127,8 @@ class ParallelConfig:
         from rapid_llm.config.model_config import attention_kv_heads
 
         tp = self.tensor_parallel_size
+        if self.pipeline_parallel_size > 1:
+            self._check_pipeline_model(model)
         if self.enable_expert_parallel and model.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"{EP_FLAG}: {model.architecture} has no experts to partition (expert parallelism "
                              f"serves {', '.join(sorted(MOE_ARCHITECTURES))})")
@@ -124,6 +156,13 @@ class ParallelConfig:
         if model.architecture in MOE_ARCHITECTURES:
             self._check_experts(config)
 
+    def _check_pipeline_model(self, model: ModelConfig) -> None:
+        pp = self.pipeline_parallel_size
+        if model.architecture not in PIPELINE_PARALLEL_ARCHITECTURES:
+            raise ValueError(f"{PP_FLAG} {pp}: {model.architecture} is not split into pipeline stages yet (only "
+                             f"{', '.join(sorted(PIPELINE_PARALLEL_ARCHITECTURES))}); serve it with {PP_FLAG} 1")
+        layer_partition(model.hf_config.num_hidden_layers, pp, self.pp_layer_partition)
+
     def _check_experts(self, config: PretrainedConfig) -> None:
         """Experts split by intermediate size (TP), or whole over the ranks (EP, plus EPLB's redundant slots)."""
         tp, ep = self.tensor_parallel_size, self.expert_parallel_size
@@ -141,3 +180,17 @@ class ParallelConfig:
         if slots % ep:
             raise ValueError(f"{EP_FLAG}: the {experts} experts (plus num_redundant_experts) must divide over the "
                              f"{ep} expert-parallel ranks, got {slots} slots")
+
+
+def layer_partition(num_layers: int, pp_size: int, explicit: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage: `explicit` checked, else an even split with the remainder on the last
+    stages (the first one also embeds the tokens)."""
+    if explicit is not None:
+        if len(explicit) != pp_size or any(count < 1 for count in explicit) or sum(explicit) != num_layers:
+            raise ValueError(f"--pp-layer-partition {','.join(map(str, explicit))}: needs {pp_size} positive "
+                             f"counts summing to the model's {num_layers} decoder layers")
+        return explicit
+    if num_layers < pp_size:
+        raise ValueError(f"{PP_FLAG} {pp_size}: the model has {num_layers} decoder layers, fewer than the stages")
+    base, extra = divmod(num_layers, pp_size)
+    return tuple(base + (stage >= pp_size - extra) for stage in range(pp_size))

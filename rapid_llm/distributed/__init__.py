@@ -1,4 +1,5 @@
-"""Tensor-parallel group facts and collectives; identities when running on one rank."""
+"""Tensor-parallel group facts and collectives; identities when running on one rank (pipeline stages:
+`rapid_llm.distributed.pipeline`)."""
 
 from rapid_llm.distributed.parallel_state import (
     get_tp_rank,
@@ -6,7 +7,7 @@ from rapid_llm.distributed.parallel_state import (
     tp_all_gather,
     tp_all_reduce,
     tp_broadcast,
-    tp_min,
+    world_min,
 )
 
-__all__ = ["get_tp_rank", "get_tp_size", "tp_all_gather", "tp_all_reduce", "tp_broadcast", "tp_min"]
+__all__ = ["get_tp_rank", "get_tp_size", "tp_all_gather", "tp_all_reduce", "tp_broadcast", "world_min"]

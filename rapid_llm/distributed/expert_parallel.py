@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rapid_llm.config.eplb_config import EPLBConfig
-from rapid_llm.distributed.parallel_state import get_tp_size
+from rapid_llm.distributed.parallel_state import get_tp_group, get_tp_size
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int],
         return tensor  # one rank keeps every pair (the op's single-process case, rapid_llm/ops/op_cases.py)
     output = tensor.new_empty((output_rows, *tensor.shape[1:]))
     dist.all_to_all_single(output, tensor.contiguous(), output_split_sizes=output_splits,
-                           input_split_sizes=input_splits)
+                           input_split_sizes=input_splits, group=get_tp_group())
     return output
 
 

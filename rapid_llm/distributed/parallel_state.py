@@ -1,10 +1,10 @@
 """Which tensor-parallel rank this process is, and the collectives sharded layers need.
 
-The tensor-parallel group is the whole torch.distributed world (no other parallelism exists yet), so the
-rank and size are read from torch.distributed itself: no module state of our own. A worker joins the group
-(`process_group.init_worker_group`) before it builds the model, and layers read the size when they shard
-weights. Without a group (one rank) every collective is the identity and torch.distributed is never touched.
-Every collective is timed (`collective_timer.py`).
+Without pipeline stages the tensor-parallel group is the whole torch.distributed world; with them it is this
+stage's block of ranks (distributed/pipeline.py), a group `process_group.init_worker_group` creates and records
+here before the model is built. Layers read the size when they shard weights. Without a group (one rank) every
+collective is the identity and torch.distributed is never touched. Every collective is timed
+(`collective_timer.py`).
 """
 
 from __future__ import annotations
@@ -15,33 +15,46 @@ import torch.distributed as dist
 from rapid_llm.distributed.collective_timer import timed
 
 
+_tp_group: dist.ProcessGroup | None = None  # None: the whole world
+
+
+def set_tp_group(group: dist.ProcessGroup | None) -> None:
+    global _tp_group
+    _tp_group = group
+
+
+def get_tp_group() -> dist.ProcessGroup | None:
+    return _tp_group
+
+
 def get_tp_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank(_tp_group) if dist.is_initialized() else 0
 
 
 def get_tp_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return dist.get_world_size(_tp_group) if dist.is_initialized() else 1
 
 
 def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over the ranks, in place."""
     if get_tp_size() > 1:
         with timed(tensor.device):
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=_tp_group)
     return tensor
 
 
 def tp_broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Every rank's `tensor` becomes rank `src`'s (in place)."""
+    """Every rank's `tensor` becomes tensor-parallel rank `src`'s (in place)."""
     if get_tp_size() > 1:
         with timed(tensor.device):
-            dist.broadcast(tensor, src)
+            dist.broadcast(tensor, group=_tp_group, group_src=src)
     return tensor
 
 
-def tp_min(value: int) -> int:
-    """The smallest of every rank's `value` (e.g. the KV blocks all ranks can hold)."""
-    if get_tp_size() == 1:
+def world_min(value: int) -> int:
+    """The smallest of every rank's `value`, over every stage and tensor-parallel rank (e.g. the KV blocks all
+    ranks can hold)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     # NCCL reduces device tensors only.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
@@ -57,5 +70,5 @@ def tp_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(size)]
     with timed(tensor.device):
-        dist.all_gather(parts, tensor.contiguous())
+        dist.all_gather(parts, tensor.contiguous(), group=_tp_group)
     return torch.cat(parts, dim=dim)

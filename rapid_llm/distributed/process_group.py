@@ -3,9 +3,12 @@
 The launcher chooses one rendezvous per launch (`init_method`: a file:// path inside the launch's private
 socket directory, so concurrent servers never meet; multi-node, tcp://HOST:PORT of node 0's --dist-init-addr);
 every rank calls `init_worker_group` before it builds the model. Backend follows the device: NCCL on CUDA
-(the rank computes on cuda:<its rank on this node>), gloo on the CPU (the node's ranks share its cores). With one rank nothing is initialised and collectives stay identities; the layers
-read their rank and size from torch.distributed (`parallel_state.py`).
-Usage: `init_worker_group(rank, world_size, "file:///tmp/.../dist-init", "cpu")`.
+(the rank computes on cuda:<its rank on this node>), gloo on the CPU (the node's ranks share its cores). With
+one rank nothing is initialised and collectives stay identities. With pipeline stages each stage's block of
+ranks becomes a tensor-parallel group of its own (every rank creates every group, as torch.distributed needs),
+and the stage is recorded for the model to read (`pipeline.py`); the layers read their tensor-parallel rank and
+size through `parallel_state.py`.
+Usage: `init_worker_group(rank, world_size, "file:///tmp/.../dist-init", "cpu", stage=PipelineStage(...))`.
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rapid_llm.distributed.parallel_state import set_tp_group
+from rapid_llm.distributed.pipeline import PipelineStage, set_pipeline_stage
+
 
 def init_worker_group(rank: int, world_size: int, init_method: str, device_type: str,
-                      local_rank: int | None = None) -> None:
-    """Make this process tensor-parallel rank `rank` of `world_size`; on CUDA its current device is
-    cuda:`local_rank` (its device on this node, `ParallelConfig.device_index`; default `rank`)."""
+                      local_rank: int | None = None, stage: PipelineStage | None = None) -> None:
+    """Make this process rank `rank` of `world_size` (of pipeline `stage`, default the only one); on CUDA its
+    current device is cuda:`local_rank` (its device on this node, `ParallelConfig.device_index`; default
+    `rank`)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"tensor-parallel rank {rank} is outside [0, {world_size})")
     local_rank = rank if local_rank is None else local_rank
@@ -27,11 +34,22 @@ def init_worker_group(rank: int, world_size: int, init_method: str, device_type:
             raise ValueError(f"rank {rank} of --tensor-parallel-size {world_size} (times --data-parallel-size) "
                              f"needs CUDA device {local_rank} on its node, {visible} visible")
         torch.cuda.set_device(local_rank)
+    stage = stage or PipelineStage(tp_size=world_size)
+    if stage.size * stage.tp_size != world_size or rank // stage.tp_size != stage.rank:
+        raise ValueError(f"rank {rank} of {world_size} is not in pipeline stage {stage.rank} of {stage.size} "
+                         f"stages of {stage.tp_size} ranks")
+    set_pipeline_stage(stage)
     if world_size > 1:
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    if stage.size > 1:
+        groups = [dist.new_group(list(range(first, first + stage.tp_size)))
+                  for first in range(0, world_size, stage.tp_size)]
+        set_tp_group(groups[stage.rank])
 
 
 def leave_worker_group() -> None:
+    set_tp_group(None)
+    set_pipeline_stage(PipelineStage())
     if dist.is_initialized():
         dist.destroy_process_group()

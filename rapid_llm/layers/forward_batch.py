@@ -29,6 +29,8 @@ class ForwardBatch:
     attention: AttentionMetadata
     # Cache group name -> its metadata for this step; empty for a batch of one paged group (a draft model's).
     groups: Mapping[str, Any] = field(default_factory=dict)
+    # Pipeline stages after the first: the previous stage's [2, num_tokens, hidden] hidden states and residual.
+    intermediate: torch.Tensor | None = None
     token_seq_lens: torch.Tensor = field(init=False)  # [num_tokens] length of each token's sequence after the step
     _memo: dict[Any, Any] = field(init=False, default_factory=dict)
 

@@ -115,7 +115,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         super().__init__(config)
         # Routed experts' matrices stack into w13/w2; dense and shared-expert MLPs stack gate/up.
         self.stacked_params = expert_stacked_params(config.n_routed_experts) + GATE_UP_STACKED_PARAMS
-        self.skipped_checkpoint_keys = mtp_checkpoint_keys(config)
+        self.skipped_checkpoint_keys = (*self.skipped_checkpoint_keys, *mtp_checkpoint_keys(config))
 
     @staticmethod
     def make_rope(config: PretrainedConfig) -> RotaryEmbedding:

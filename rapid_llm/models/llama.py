@@ -22,6 +22,7 @@ from rapid_llm.layers.layernorm import RMSNorm
 from rapid_llm.layers.linear import QKVParallelLinear, RowParallelLinear
 from rapid_llm.layers.mlp import GatedMLP
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding, get_rope
+from rapid_llm.models.pipeline_split import StageElsewhere, StageSplit
 from rapid_llm.models.weight_mapping import LLAMA_STACKED_PARAMS, StackedParam
 
 
@@ -103,20 +104,31 @@ MakeMLP = Callable[[PretrainedConfig, int], nn.Module]
 
 
 class LlamaModel(nn.Module):
+    """The decoder stack, or this pipeline stage's part of it (models/pipeline_split.py): a stage after the first
+    starts from the previous one's hidden states and residual, one before the last returns its own."""
+
     def __init__(self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, make_attention: MakeAttention,
                  make_mlp: MakeMLP, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.split = split = StageSplit.of(config)
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size) if split.embeds
+                             else StageElsewhere())
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, make_attention(config, i, rotary_emb), make_mlp(config, i), norm)
+            if split.holds(i) else StageElsewhere()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = norm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps) if split.is_last else StageElsewhere()
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        hidden_states, residual = self.embed_tokens(batch.input_ids), None
-        for layer in self.layers:
+        if batch.intermediate is None:
+            hidden_states, residual = self.embed_tokens(batch.input_ids), None
+        else:
+            hidden_states, residual = batch.intermediate.unbind(0)
+        for layer in self.layers[self.split.layers.start:self.split.layers.stop]:
             hidden_states, residual = layer(hidden_states, residual, batch)
+        if not self.split.is_last:
+            return StageSplit.pack(hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -133,8 +145,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         # One cos/sin table for all layers: it can be tens of MiB at long context.
         self.model = LlamaModel(config, self.make_rope(config), self.make_attention, self.make_mlp, self.norm)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
+        split = self.model.split
+        self.skipped_checkpoint_keys = split.skipped_keys(config.num_hidden_layers)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size) if split.is_last else StageElsewhere()
+        if config.tie_word_embeddings and split.is_last:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @staticmethod

@@ -30,7 +30,8 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
-from rapid_llm.distributed import tp_broadcast
+from rapid_llm.distributed.pipeline import (broadcast_sampled, pipeline_stage, recv_from_previous_stage,
+                                            send_to_next_stage)
 from rapid_llm.ipc.messages import PooledPrompt
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
@@ -106,6 +107,7 @@ class ModelRunner:
         self.cache_config = cache_config
         self.compilation = compilation or CompilationConfig()
         self.device = (device_config or DeviceConfig()).torch_device
+        self.stage = pipeline_stage()  # the model holds this stage's layers (the whole model without stages)
         # Before the model is built: overrides reset every op's cached choice.
         REGISTRY.set_overrides(op_backends or {})
         self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
@@ -113,6 +115,10 @@ class ModelRunner:
             logger.debug("op %s: %s (%s)", name, choice["backend"], choice["reason"])
         start = time.perf_counter()
         self.model = load_model(model_config, self.device)
+        if self.stage.size > 1:
+            layers = self.stage.layers(model_config.hf_config.num_hidden_layers)
+            logger.info("pipeline stage %d of %d: decoder layers %d-%d", self.stage.rank, self.stage.size,
+                        layers.start, layers.stop - 1)
         # As stored after prepare_weights (quantized formats: packed weights plus scales); /server_info reports it.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("weights: %.2f GiB (%s) on %s in %.2f s", self.weight_bytes / 2**30, model_config.dtype,
@@ -180,6 +186,9 @@ class ModelRunner:
 
     def _capture_decode_graphs(self, max_num_seqs: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.compilation.enforce_eager:
+            return None
+        if self.stage.size > 1:
+            logger.info("CUDA graphs off: pipeline stages exchange hidden states between the graph's steps")
             return None
         if self.drafting is not None and self.drafting.tap.active:
             logger.info("CUDA graphs off: the proposer reads hidden states of intermediate layers (forward hooks)")
@@ -281,6 +290,8 @@ class ModelRunner:
         self.cache_groups.load_snapshots(chunks)
         chunk_drafts = np.fromiter((len(chunk.draft_token_ids) for chunk in chunks), dtype=np.int64, count=len(chunks))
         hidden_states = self._forward(slots, query_lens, ends, chunk_drafts, [chunk.state_saves for chunk in chunks])
+        if not self.stage.is_last:
+            return self._record_last_stage_samples(slots, ends)
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
             prompt_logprobs = score_prompts(partial(self._logits, hidden_states), self._described(chunks))
@@ -309,13 +320,27 @@ class ModelRunner:
                                       self.model_config.vocab_size, self.device)
                       if batch.has_logit_bias[sample_slots].any() else None)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
-        # Tensor-parallel ranks feed their token pools from rank 0's choice, so random sampling cannot diverge.
-        tp_broadcast(sampled.token_ids)
+        # Every rank feeds its token pool from the sampling rank's choice, so random sampling cannot diverge.
+        broadcast_sampled(sampled.token_ids)
         batch.record_sampled(sample_slots, slots_on_device, positions, sampled.token_ids)
         drafts = self._draft(slots, query_lens, ends, hidden_states, samples, ends[samples] + 1)
         asked = ([batch.params[slot].logprobs for slot in sample_slots.tolist()]
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts, pooled=pooled)
+
+    def _record_last_stage_samples(self, slots: np.ndarray, ends: np.ndarray) -> PendingOutput:
+        """A pipeline stage before the last: the tokens the last stage sampled, recorded like its own (no
+        logits here; the last stage reports them)."""
+        batch = self.input_batch
+        samples = np.flatnonzero(ends == batch.num_tokens[slots])
+        if not samples.size:
+            return PendingOutput([], None, [], [])
+        sample_slots = slots[samples]
+        slots_on_device, positions = to_device([torch.from_numpy(sample_slots), torch.from_numpy(ends[samples])],
+                                               self.device)
+        token_ids = broadcast_sampled(torch.empty(samples.size, dtype=torch.int64, device=self.device))
+        batch.record_sampled(sample_slots, slots_on_device, positions, token_ids)
+        return PendingOutput(samples.tolist(), SamplerOutput(token_ids, None, None, None), [None] * samples.size, [])
 
     def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
         """Which of the step's slots the worker-side proposer drafts for after it (nothing without one)."""
@@ -363,7 +388,7 @@ class ModelRunner:
         if token_bitmask is not None:
             token_bitmask = token_bitmask.repeat_interleave(counts_on_device, dim=0)
         sampled = self.sampler(logits, sampling_batch, token_bitmask=token_bitmask, logit_bias=logit_bias)
-        tp_broadcast(sampled.token_ids)  # every rank then accepts the same drafts
+        broadcast_sampled(sampled.token_ids)  # every rank then accepts the same drafts
         # -2 pads the target grid, -1 the drafts: a padded column never matches.
         targets = torch.full((samples.size, width + 1), -2, dtype=torch.int64, device=self.device)
         targets[rows_on_device, columns] = sampled.token_ids
@@ -436,7 +461,15 @@ class ModelRunner:
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, attention.seq_index)
         model = self.decode_model if decode else self.model
-        return model(ForwardBatch(input_ids=input_ids, attention=attention, groups=groups))
+        intermediate = None
+        if not self.stage.is_first:
+            shape = (2, input_ids.shape[0], self.model_config.hf_config.hidden_size)
+            intermediate = recv_from_previous_stage(1, shape, self.model_config.dtype, self.device)[0]
+        hidden_states = model(ForwardBatch(input_ids=input_ids, attention=attention, groups=groups,
+                                           intermediate=intermediate))
+        if not self.stage.is_last:
+            send_to_next_stage([hidden_states])
+        return hidden_states
 
     def _described(self, chunks: Sequence[Chunk]) -> list[ScheduledRequest]:
         """The step's chunks with their requests' prompts and parameters (for prompt logprobs)."""

@@ -1,7 +1,8 @@
 """Worker process entry point: load the model, size the KV cache, then execute plans as they come.
 
-Each rank receives every plan on its own socket (the scheduler fans out); only rank 0 answers,
-so N ranks cost the scheduler one result per step. A request that fails while being added is
+Each rank receives every plan on its own socket (the scheduler fans out); only one rank answers (rank 0, or
+with pipeline stages the last stage's first rank, which samples), so N ranks cost the scheduler one result
+per step. A request that fails while being added is
 aborted alone (the Worker reports it in the step's result); any other failure inside a step is
 reported to the scheduler as WorkerFailed before the process exits, so the server stops instead
 of hanging. On CUDA the loop overlaps steps: when the next plan is already waiting (async scheduling
@@ -28,9 +29,10 @@ import torch
 import zmq
 
 from rapid_llm.config import EngineConfig
-from rapid_llm.distributed import tp_min
+from rapid_llm.distributed import world_min
 from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
 from rapid_llm.distributed.collective_timer import collective_totals
+from rapid_llm.distributed.pipeline import PipelineStage
 from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
 from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, StepPlan, WorkerFailed, WorkerReady
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
@@ -51,7 +53,9 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         parallel = config.parallel
         replica = parallel.data_parallel_rank if parallel.data_parallel_size > 1 else None
         profiler = step_profiler_from_env(rank, replica)  # first: a bad variable fails before the model loads
-        init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank))
+        tp = parallel.tensor_parallel_size
+        stage = PipelineStage(rank // tp, parallel.pipeline_parallel_size, parallel.pp_layer_partition, tp)
+        init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank), stage)
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
@@ -67,9 +71,9 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
                         thread_policy.long_step_threads, reason)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
-        results = Sender(context, paths.worker_to_scheduler) if rank == 0 else None
+        results = Sender(context, paths.worker_to_scheduler) if rank == parallel.result_rank else None
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
-        num_blocks = tp_min(runner.num_blocks)
+        num_blocks = world_min(runner.num_blocks)
         kv_transfer = config.scheduler.kv_transfer
         agent = None if kv_transfer is None else KVAgent(runner.kv_cache, kv_transfer, paths, rank, world_size)
         if results is not None:

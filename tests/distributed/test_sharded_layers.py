@@ -51,7 +51,7 @@ def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _check_layers(t: dict[str, torch.Tensor]) -> dict[str, float]:
     """On each rank: the largest |sharded - unsharded| per case."""
-    from rapid_llm.distributed import get_tp_rank, tp_broadcast, tp_min
+    from rapid_llm.distributed import get_tp_rank, tp_broadcast, world_min
     from rapid_llm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
     from rapid_llm.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                          RowParallelLinear)
@@ -120,7 +120,7 @@ def _check_layers(t: dict[str, torch.Tensor]) -> dict[str, float]:
 
         tokens = tp_broadcast(torch.tensor([10 + rank, 20 + rank]))
         errors["broadcast_from_rank0"] = _max_error(tokens.float(), torch.tensor([10.0, 20.0]))
-        errors["min_over_ranks"] = float(tp_min(7 - rank) != 6)
+        errors["min_over_ranks"] = float(world_min(7 - rank) != 6)
     return errors
 
 
