@@ -6,12 +6,15 @@ time rank 0 spends in collectives, measured.
 Key design choice: one real server per layout, driven by bench_serving's random workload (the same prompts:
 same seed), so the numbers are what a client sees. A device is a rank: a GPU, or on the CPU one worker
 process with its share of the cores (`--tp 2` on a 2-core host gives each rank one thread). TGS = output
-tokens/s / (tp * dp); efficiency = TGS / TGS of tp1 (1.0 = linear scaling). Collective time is the
+tokens/s / (tp * pp * dp); efficiency = TGS / TGS of tp1 (1.0 = linear scaling). Collective time is the
 `rapid_llm:collective_seconds` counter (distributed/collective_timer.py: wall time inside every
 all-reduce / all-gather / broadcast of rank 0 of each replica, summed over replicas) read before and after
 the run; its share is that time over the run's duration per replica. On CUDA set
-RAPID_LLM_TIME_COLLECTIVES=1 and pass --server-args=--enforce-eager for it to be non-zero.
-Layouts: tpN, dpN or tpNdpM. Results: a markdown table on stdout and --out JSON.
+RAPID_LLM_TIME_COLLECTIVES=1 and pass --server-args=--enforce-eager for it to be non-zero. With pipeline stages
+the reporting rank is the last stage's first rank, and its collective time is mostly the wait for the previous
+stage's hidden states: with TP 1 its share is the pipeline bubble as the last stage sees it.
+Layouts: tpN, ppN, dpN and their concatenations (tp2pp2, tp2dp2). Results: a markdown table on stdout and
+--out JSON.
 """
 
 from __future__ import annotations
@@ -34,15 +37,15 @@ from benchmarks import bench_serving
 from benchmarks.common.environment import collect_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-_LAYOUT = re.compile(r"(?:tp(\d+))?(?:dp(\d+))?")
+_LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dp(\d+))?")
 
 
-def parse_layout(text: str) -> tuple[int, int]:
-    """'tp2' -> (2, 1), 'dp2' -> (1, 2), 'tp2dp2' -> (2, 2)."""
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """(tp, pp, dp): 'tp2' -> (2, 1, 1), 'pp2' -> (1, 2, 1), 'tp2dp2' -> (2, 1, 2)."""
     match = _LAYOUT.fullmatch(text.strip())
     if not text.strip() or match is None:
-        raise ValueError(f"layout {text!r} must be tpN, dpN or tpNdpM")
-    return int(match.group(1) or 1), int(match.group(2) or 1)
+        raise ValueError(f"layout {text!r} must be tpN, ppN, dpN or a concatenation in that order (tp2pp2)")
+    return int(match.group(1) or 1), int(match.group(2) or 1), int(match.group(3) or 1)
 
 
 def collective_seconds(base_url: str) -> float:
@@ -54,10 +57,11 @@ def collective_seconds(base_url: str) -> float:
 class LayoutServer:
     """`launch_server` at one layout on `port`, healthy once constructed; `close()` stops it."""
 
-    def __init__(self, args: argparse.Namespace, tp: int, dp: int, log: Path) -> None:
+    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dp: int, log: Path) -> None:
         self.base_url = f"http://127.0.0.1:{args.port}"
         command = [sys.executable, "-m", "rapid_llm.launch_server", "--model", args.model, "--port", str(args.port),
-                   "--tp", str(tp), "--dp", str(dp), "--log-level", "info", *args.server_args.split()]
+                   "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--log-level", "info",
+                   *args.server_args.split()]
         self.log = log
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + args.startup_timeout
@@ -80,9 +84,9 @@ class LayoutServer:
             self.process.wait()
 
 
-def run_layout(args: argparse.Namespace, tp: int, dp: int) -> dict[str, Any]:
-    name = f"tp{tp}dp{dp}"
-    server = LayoutServer(args, tp, dp, Path(args.out).with_suffix(f".{name}.log"))
+def run_layout(args: argparse.Namespace, tp: int, pp: int, dp: int) -> dict[str, Any]:
+    name = f"tp{tp}pp{pp}dp{dp}"
+    server = LayoutServer(args, tp, pp, dp, Path(args.out).with_suffix(f".{name}.log"))
     try:
         # Warm up outside the measured window (the counter is read after it).
         for _ in range(2):
@@ -99,8 +103,8 @@ def run_layout(args: argparse.Namespace, tp: int, dp: int) -> dict[str, Any]:
     finally:
         server.close()
     duration = result["duration"]
-    devices = tp * dp
-    return {"layout": name, "tp": tp, "dp": dp, "devices": devices, "completed": result["completed"],
+    devices = tp * pp * dp
+    return {"layout": name, "tp": tp, "pp": pp, "dp": dp, "devices": devices, "completed": result["completed"],
             "duration_s": duration, "output_throughput": result["output_throughput"],
             "tgs": result["output_throughput"] / devices, "collective_seconds": collectives,
             "collective_share": collectives / (duration * dp) if duration else 0.0,
@@ -110,7 +114,7 @@ def run_layout(args: argparse.Namespace, tp: int, dp: int) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     base = next((row["tgs"] for row in rows if row["devices"] == 1), None)
     lines = ["| layout | devices | threads/rank | output tok/s | TGS (tok/s/device) | efficiency vs 1 rank | "
-             "collective s (rank 0) | share of run |", "|---|---|---|---|---|---|---|---|"]
+             "collective s (reporting rank) | share of run |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         efficiency = f"{row['tgs'] / base:.2f}" if base else "n/a"
         lines.append(f"| {row['layout']} | {row['devices']} | {row['cpu_threads_per_rank'] or '-'} | "
@@ -122,7 +126,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--layouts", default="tp1,tp2,dp2", help="Comma-separated tpN, dpN or tpNdpM.")
+    parser.add_argument("--layouts", default="tp1,tp2,dp2", help="Comma-separated tpN, ppN, dpN or concatenations.")
     parser.add_argument("--port", type=int, default=31777)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     except ValueError as error:
         parser.error(str(error))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    rows = [run_layout(args, tp, dp) for tp, dp in layouts]
+    rows = [run_layout(args, tp, pp, dp) for tp, pp, dp in layouts]
     print(table(rows))
     Path(args.out).write_text(json.dumps({"rows": rows, "environment": collect_environment(None),
                                           "args": vars(args)}, indent=2) + "\n")

@@ -343,6 +343,7 @@ class ServerArgs:
             itl_target_ms=self.itl_target_ms,
             kv_transfer=kv_transfer,
             lora=lora,
+            pipeline_parallel_size=parallel.pipeline_parallel_size,
         )
         return EngineConfig(
             model=model,

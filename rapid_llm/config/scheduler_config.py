@@ -52,6 +52,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     itl_target_ms: float | None = None
     kv_transfer: KVTransferConfig | None = None
     lora: LoRAConfig | None = None  # --enable-lora's settings; None: adapters are refused
+    pipeline_parallel_size: int = 1  # > 1: micro-batches of disjoint requests keep every stage busy
     num_worker_ranks: int = 1  # filled in by the scheduler process: each rank's transfer agent reports a load
 
     def __post_init__(self) -> None:

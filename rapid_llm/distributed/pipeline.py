@@ -81,10 +81,14 @@ def recv_from_previous_stage(count: int, shape: tuple[int, ...], dtype: torch.dt
     return received
 
 
-def broadcast_sampled(tensor: torch.Tensor) -> torch.Tensor:
+def broadcast_sampled(tensor: torch.Tensor, async_op: bool = False) -> dist.Work | None:
     """Every rank's `tensor` becomes the sampling rank's (in place): the tokens every stage and tensor-parallel
-    rank records, so random sampling cannot diverge between ranks. The identity on one rank."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        with timed(tensor.device):
-            dist.broadcast(tensor, _stage.last_stage_rank)
-    return tensor
+    rank records, so random sampling cannot diverge between ranks. Nothing on one rank; with `async_op`, the
+    handle to wait on (None when there is nothing to wait for)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    if async_op:
+        return dist.broadcast(tensor, _stage.last_stage_rank, async_op=True)
+    with timed(tensor.device):
+        dist.broadcast(tensor, _stage.last_stage_rank)
+    return None

@@ -1,7 +1,8 @@
 """Scheduler process: the event loop around `Scheduler`, one step ahead of the worker.
 
 Loop: take new requests, aborts and cache flushes, send plans until `depth` are in flight (2 with async
-scheduling: plan n+1 goes out while the worker computes n; 1 in lock-step), then block on the
+scheduling: plan n+1 goes out while the worker computes n; 1 in lock-step; P - 1 more with P pipeline stages,
+each a micro-batch of other requests, scheduler.py), then block on the
 sockets until the next result or request arrives. Blocking in `poll` is what keeps an idle
 scheduler at 0% CPU: the poll has a timeout only while steps are in flight (the watchdog, which
 logs a worker that stopped answering), and it never spins. A request the scheduler refuses ends
@@ -72,7 +73,8 @@ class SchedulerLoop:
                                               state_snapshots=ready.num_state_snapshots,
                                               num_worker_ranks=len(self.workers))
         self.scheduler = Scheduler(self.config)
-        self.depth = 2 if config.async_scheduling else 1
+        # Pipeline stages: one more plan in flight per stage after the first, each a micro-batch of other requests.
+        self.depth = (2 if config.async_scheduling else 1) + config.pipeline_parallel_size - 1
         self.poller = zmq.Poller()
         self.poller.register(self.requests.socket, zmq.POLLIN)
         self.poller.register(self.results.socket, zmq.POLLIN)

@@ -8,7 +8,9 @@ plain, speculative, beam; chosen once, in `policy_for`), so no loop branches per
 made before the previous step's tokens are known (async scheduling): its record (`plan_record.py`) says which
 request, in which epoch, held each sampling slot. With prefix caching, a request is admitted with its longest
 run of cached full blocks and computes only the rest. A beam-search group (`beam_group.py`) or a speculating
-request (`speculation.py`) waits for its previous result before its next step while others keep overlapping. A
+request (`speculation.py`) waits for its previous result before its next step while others keep overlapping.
+With pipeline stages every request does, and a plan takes at most an even share of the running requests: the
+plans in flight are micro-batches of different requests, one per stage. A
 cost model fitted to measured step times (`step_cost.py`) shapes prompt chunks: a long step where a prompt ends
 takes no other prompt, and with an ITL target a step carrying decodes takes only the prompt tokens that fit it.
 """
@@ -121,13 +123,17 @@ class Scheduler(StepResults):
         preempted = False
         self._free_behind_windows()
         draft.proposals = self._speculation.propose(self._running) if self._speculation is not None else {}
-        index = 0
+        micro_batch = self._micro_batch_size()
+        index = scheduled = 0
         while index < len(self._running) and draft.budget > 0:
             request = self._running[index]
-            ask = request.policy.ask(self, request, draft)
+            # Pipeline stages: a request whose sampled token is not back sits in another micro-batch.
+            ask = (None if micro_batch is not None and (request.num_placeholders or scheduled >= micro_batch)
+                   else request.policy.ask(self, request, draft))
             if ask is None:
                 index += 1
                 continue
+            scheduled += 1
             while not self._blocks.can_allocate(ask.num_blocks):
                 # The newest running request is always at or after `index`: not yet scheduled here.
                 victim = self._running[-1]
@@ -138,6 +144,12 @@ class Scheduler(StepResults):
             request.policy.add(self, request, draft, ask)
             index += 1
         return preempted
+
+    def _micro_batch_size(self) -> int | None:
+        """With P pipeline stages, the running requests one plan takes at most (an even P-th, so P plans of other
+        requests keep every stage busy); None without stages."""
+        stages = self.config.pipeline_parallel_size
+        return None if stages == 1 else -(-len(self._running) // stages)
 
     def _free_behind_windows(self) -> None:
         """Return the blocks each windowed KV table's window has passed: a request's next chunk starts at its

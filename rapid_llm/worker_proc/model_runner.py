@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Protocol, Sequence
+from typing import Collection, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ from rapid_llm.ipc.messages import PooledPrompt
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.logit_bias import LogitBias
 from rapid_llm.layers.step_rows import StepRows
-from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.layers.sampler import Sampler, SamplerOutput
+from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
@@ -55,6 +55,7 @@ from rapid_llm.worker_proc.drafting import Drafting
 from rapid_llm.worker_proc.input_batch import InputBatch
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 from rapid_llm.worker_proc.prompt_pooling import PromptPooling
+from rapid_llm.worker_proc.stage_tokens import StageTokens
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class ModelRunner:
         self.lora = None if lora is None else AdapterSlots(self.model, lora, self.step_rows, model_config.dtype,
                                                            self.device)
         self.pooling = PromptPooling(max_num_seqs)
+        # Pipeline stages before the last record the last stage's tokens as they arrive (stage_tokens.py).
+        self.stage_tokens = None if self.stage.is_last else StageTokens(self.input_batch, self.device)
         self.drafting = None
         if proposer is not None:
             proposer.bind_kv(KVBinding(self.kv_cache.num_blocks, self.padding_block, self.kv_cache.num_blocks))
@@ -291,7 +294,7 @@ class ModelRunner:
         chunk_drafts = np.fromiter((len(chunk.draft_token_ids) for chunk in chunks), dtype=np.int64, count=len(chunks))
         hidden_states = self._forward(slots, query_lens, ends, chunk_drafts, [chunk.state_saves for chunk in chunks])
         if not self.stage.is_last:
-            return self._record_last_stage_samples(slots, ends)
+            return self._expect_last_stage_samples(slots, ends)
         prompt_logprobs = []
         if batch.wants_prompt_logprobs[slots].any():
             prompt_logprobs = score_prompts(partial(self._logits, hidden_states), self._described(chunks))
@@ -328,19 +331,19 @@ class ModelRunner:
                  if sampling_batch.max_num_logprobs is not None else [None] * samples.size)
         return PendingOutput(samples.tolist(), sampled, asked, prompt_logprobs, drafts=drafts, pooled=pooled)
 
-    def _record_last_stage_samples(self, slots: np.ndarray, ends: np.ndarray) -> PendingOutput:
-        """A pipeline stage before the last: the tokens the last stage sampled, recorded like its own (no
-        logits here; the last stage reports them)."""
-        batch = self.input_batch
-        samples = np.flatnonzero(ends == batch.num_tokens[slots])
-        if not samples.size:
-            return PendingOutput([], None, [], [])
-        sample_slots = slots[samples]
-        slots_on_device, positions = to_device([torch.from_numpy(sample_slots), torch.from_numpy(ends[samples])],
-                                               self.device)
-        token_ids = broadcast_sampled(torch.empty(samples.size, dtype=torch.int64, device=self.device))
-        batch.record_sampled(sample_slots, slots_on_device, positions, token_ids)
-        return PendingOutput(samples.tolist(), SamplerOutput(token_ids, None, None, None), [None] * samples.size, [])
+    def _expect_last_stage_samples(self, slots: np.ndarray, ends: np.ndarray) -> PendingOutput:
+        """A pipeline stage before the last: post the receive of the tokens the last stage samples in this step
+        (recorded by `settle` before a later step touches their slots); no logits here and nothing to report."""
+        samples = np.flatnonzero(ends == self.input_batch.num_tokens[slots])
+        if samples.size:
+            self.stage_tokens.expect(slots[samples], ends[samples])
+        return PendingOutput([], None, [], [])
+
+    def settle(self, slots: Collection[int]) -> None:
+        """Before a step changes or reads these slots: the last stage's tokens for them are recorded (pipeline
+        stages before the last; nothing to do elsewhere)."""
+        if self.stage_tokens is not None:
+            self.stage_tokens.settle(slots)
 
     def set_draft_after(self, slots: Sequence[int], wanted: Sequence[bool]) -> None:
         """Which of the step's slots the worker-side proposer drafts for after it (nothing without one)."""

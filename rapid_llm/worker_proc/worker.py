@@ -98,6 +98,11 @@ class Worker:
 
     def launch(self, plan: StepPlan) -> PendingResult:
         launched_at = time.perf_counter()
+        # A pipeline stage may still be receiving an earlier step's tokens: those of the slots this plan touches
+        # are recorded first.
+        self.runner.settle({*plan.released_slots, *(new.slot for new in plan.new_requests),
+                            *(chunk.slot for chunk in plan.scheduled), *(last.slot for last in plan.last_tokens),
+                            *(rollback.slot for rollback in plan.rollbacks)})
         if self.thread_policy is not None:
             self.thread_policy.apply(sum(chunk.num_new_tokens for chunk in plan.scheduled),
                                      sum(chunk.num_computed_tokens + chunk.num_new_tokens for chunk in plan.scheduled))
