@@ -179,6 +179,14 @@ def _constrained(run: CellRun, on: bool) -> str | None:
     return None
 
 
+def _staged(run: CellRun, on: bool) -> str | None:
+    """the engine's summary has two pipeline stages when on, one when off"""
+    stages = run.summary.get("pipeline_parallel_size")
+    if stages != (2 if on else 1):
+        return f"pipeline parallelism is {'on' if on else 'off'}, yet the engine's summary says {stages} stages"
+    return None
+
+
 def _replicas_used(run: CellRun, on: bool) -> str | None:
     """the router sends requests to both replicas when on; one replica when off"""
     if on and (len(run.routed) != 2 or 0 in run.routed):
@@ -258,6 +266,10 @@ FEATURES: tuple[Feature, ...] = (
             off=Setting("Llama"),
             on=Setting("Qwen3.5", architecture=HYBRID_ARCHITECTURE),
             evidence=_serves(HYBRID_ARCHITECTURE)),
+    Feature("pipeline_parallel", "pipeline parallel",
+            off=Setting("1", {"pipeline_parallel_size": 1}),
+            on=Setting("2", {"pipeline_parallel_size": 2}),
+            evidence=_staged, slow=True),
     # Its reference is the engine with the adapter and every op on its torch reference; that the adapter's tokens
     # equal transformers + PEFT is tests/e2e/test_lora_server.py's.
     Feature("lora", "LoRA adapter",
@@ -272,7 +284,19 @@ _NO_DRAFTS = ("requests with structured output decode without drafts (the gramma
 _LORA_DRAFTS = ("the engine refuses --enable-lora with --speculative-config at start-up: drafts and their "
                 "verification would run without the request's adapter (docs/lora.md)")
 
+_STAGES = ("the engine refuses {flag} with --pipeline-parallel-size > 1 at start-up: {why} "
+           "(docs/parallelism.md)")
+_STAGED_DRAFTS = _STAGES.format(flag="--speculative-config", why="drafts are proposed and verified on one stage's "
+                                "hidden states and a proposer's own layers are not staged")
+
 UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(frozenset({"pipeline_parallel", "speculative"}), _STAGED_DRAFTS),
+    Unsupported(frozenset({"pipeline_parallel", "draft_model"}), _STAGED_DRAFTS),
+    Unsupported(frozenset({"pipeline_parallel", "lora"}),
+                _STAGES.format(flag="--enable-lora", why="adapters are checked against the first stage's modules")),
+    Unsupported(frozenset({"pipeline_parallel", "hybrid_model"}),
+                "the engine refuses --pipeline-parallel-size > 1 for Qwen3.5 at start-up: only the Llama family's "
+                "decoder stack is split into stages (docs/parallelism.md)"),
     Unsupported(frozenset({"speculative", "lora"}), _LORA_DRAFTS),
     Unsupported(frozenset({"draft_model", "lora"}), _LORA_DRAFTS),
     Unsupported(frozenset({"tensor_parallel", "quantization"}),
