@@ -89,9 +89,6 @@ class ParallelConfig:
             raise ValueError(f"--pp-layer-partition takes effect with {PP_FLAG} > 1 only")
         if pp == 1:
             return
-        if self.nnodes > 1:
-            raise ValueError(f"{PP_FLAG} {pp} with --nnodes {self.nnodes}: results come from the last stage, which "
-                             "must share a host with the scheduler; multi-node pipelines are not built yet")
         if self.eplb is not None:
             raise ValueError(f"--enable-eplb with {PP_FLAG} {pp}: expert rebalancing sends experts between "
                              "world ranks, not within a stage; drop one of the flags")

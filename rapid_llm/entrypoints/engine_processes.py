@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from rapid_llm.config.node_layout import plan_channel, store_init_method
+from rapid_llm.config.node_layout import plan_channel, result_channel, store_init_method
 from rapid_llm.entrypoints.node_link import NodeLink
 from rapid_llm.ipc.sockets import IpcPaths
 from rapid_llm.utils.process import run_child
@@ -90,6 +90,8 @@ class EngineProcesses:
             address = parallel.dist_init_addr
             remote = set(range(parallel.world_size)) - set(range(parallel.world_size // parallel.nnodes))
             paths = paths.with_plan_channels({rank: plan_channel(address, rank) for rank in remote})
+            if parallel.result_rank in remote:
+                paths = paths.with_result_channel(result_channel(address, parallel.world_size))
             self.replica_paths[replica] = paths
             dist_init_method = store_init_method(address)
         else:

@@ -7,8 +7,9 @@ whose pid is no longer alive (the pid is in the directory name). Receivers
 block in `recv`/`poll`, so an idle process sleeps in the kernel instead of spinning; in an engine
 child that wait also watches the signal wakeup fd (`utils.signal_wakeup`).
 Data-parallel replicas share the directory, each with its own prefixed set of sockets. A channel that
-crosses hosts (multi-node: the step plans of a remote rank) is a `tcp://` address on node 0, which only
-node 0 knows, so its sender binds and its receiver connects (`sender_binds`).
+crosses hosts (multi-node: the step plans of a remote rank; a remote last pipeline stage's results) is a
+`tcp://` address on node 0, which only node 0 knows, so node 0's end binds and the other connects
+(`sender_binds`: the sender, unless the channel leads back to node 0).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class IpcPaths:
             scheduler_to_kv_agents=tuple(address(f"scheduler-kv-agent{rank}") for rank in range(num_ranks)),
         )
 
+    def with_result_channel(self, address: str) -> "IpcPaths":
+        """These paths with the results channel replaced (an answering rank on another node)."""
+        return dataclasses.replace(self, worker_to_scheduler=address)
+
     def with_plan_channels(self, channels: dict[int, str]) -> "IpcPaths":
         """These paths with the step-plan channels of the ranks in `channels` replaced (remote ranks)."""
         plans = tuple(channels.get(rank, address) for rank, address in enumerate(self.scheduler_to_workers))
@@ -100,18 +105,19 @@ class IpcPaths:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def sender_binds(address: str) -> bool:
-    """Whether the sending end binds `address`: a tcp:// channel crosses hosts and lives on node 0."""
-    return address.startswith("tcp://")
+def sender_binds(address: str, to_node0: bool = False) -> bool:
+    """Whether the sending end binds `address`: a tcp:// channel crosses hosts and lives on node 0, where the
+    sender is, unless the channel leads to node 0 (`to_node0`)."""
+    return address.startswith("tcp://") and not to_node0
 
 
 class Sender:
-    """PUSH end of a channel; the receiving process binds (tcp: the sender), so start order does not matter."""
+    """PUSH end of a channel; the receiving process binds (tcp: node 0's end), so start order does not matter."""
 
-    def __init__(self, context: zmq.Context, address: str) -> None:
+    def __init__(self, context: zmq.Context, address: str, to_node0: bool = False) -> None:
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
-        if sender_binds(address):
+        if sender_binds(address, to_node0):
             self.socket.bind(address)
         else:
             self.socket.connect(address)
@@ -139,10 +145,10 @@ class Sender:
 class Receiver(Generic[T]):
     """PULL end of a channel, bound by the process that owns it; decodes one message type (or union)."""
 
-    def __init__(self, context: zmq.Context, address: str, message_type: Any) -> None:
+    def __init__(self, context: zmq.Context, address: str, message_type: Any, to_node0: bool = False) -> None:
         self.socket = context.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
-        if sender_binds(address):
+        if sender_binds(address, to_node0):
             self.socket.connect(address)
         else:
             self.socket.bind(address)

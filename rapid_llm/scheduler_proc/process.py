@@ -57,7 +57,7 @@ class SchedulerLoop:
     def __init__(self, config: SchedulerConfig, paths: IpcPaths) -> None:
         context = zmq.Context()
         self.requests: Receiver = Receiver(context, paths.frontend_to_scheduler, FrontendToScheduler)
-        self.results: Receiver = Receiver(context, paths.worker_to_scheduler, WorkerToScheduler)
+        self.results: Receiver = Receiver(context, paths.worker_to_scheduler, WorkerToScheduler, to_node0=True)
         self.workers = [Sender(context, address) for address in paths.scheduler_to_workers]
         self.detokenizer = Sender(context, paths.scheduler_to_detokenizer)
         self.frontend = Sender(context, paths.scheduler_to_frontend)

@@ -71,7 +71,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
                         thread_policy.long_step_threads, reason)
         context = zmq.Context()
         plans: Receiver = Receiver(context, paths.scheduler_to_workers[rank], SchedulerToWorker)
-        results = Sender(context, paths.worker_to_scheduler) if rank == parallel.result_rank else None
+        results = (Sender(context, paths.worker_to_scheduler, to_node0=True) if rank == parallel.result_rank
+                   else None)
         # A rank never sees block ids beyond the fewest any rank holds (its extra blocks stay unused).
         num_blocks = world_min(runner.num_blocks)
         kv_transfer = config.scheduler.kv_transfer

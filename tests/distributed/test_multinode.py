@@ -1,6 +1,7 @@
 """Two launches on one machine as two nodes (`--nnodes 2`, loopback TCP): node 1 runs rank 1 of a `--tp 2` model
 headless, node 0 serves HTTP with rank 0. A greedy completion equals transformers' (what one node answers, see
-test_tp_server.py) and its collectives are timed; stopping node 0 ends node 1 with nothing left behind; killing node 1's launcher ends node 0
+test_tp_server.py) and its collectives are timed; with `--pp 2` each node runs one pipeline stage and node 1's
+last stage answers over TCP; stopping node 0 ends node 1 with nothing left behind; killing node 1's launcher ends node 0
 with exit code 1 and a line naming it."""
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def free_port_run(length: int) -> int:
 class Nodes:
     """Node 1 (a plain subprocess: it serves no HTTP) and node 0 (a ServerProcess) of one engine."""
 
-    def __init__(self, checkpoint: Path) -> None:
-        address = f"127.0.0.1:{free_port_run(4)}"
-        common = ["--model", str(checkpoint), "--tp", "2", "--nnodes", "2", "--dist-init-addr", address,
+    def __init__(self, checkpoint: Path, layout: tuple[str, ...] = ("--tp", "2")) -> None:
+        # The store, the node link, node 1's plan channel and (a remote last stage) the results channel.
+        address = f"127.0.0.1:{free_port_run(5)}"
+        common = ["--model", str(checkpoint), *layout, "--nnodes", "2", "--dist-init-addr", address,
                   "--num-kv-blocks", "64", "--log-level", "info"]
         self.node1_log = tempfile.TemporaryFile("w+")
         self.node1 = subprocess.Popen([sys.executable, "-m", "rapid_llm.launch_server", *common, "--node-rank", "1"],
@@ -97,6 +99,23 @@ def test_two_nodes_answer_like_one_and_node0_stopping_ends_node1(nodes, tiny_che
     assert nodes.node1.wait(timeout=30) == 0
     assert "node 0 shut down" in nodes.node1_output()
     assert wait_gone(node1_children) == []
+
+
+def test_one_pipeline_stage_per_node_answers_like_transformers(tiny_checkpoint) -> None:
+    """`--pp 2 --nnodes 2`: node 1 runs the last stage, whose results reach node 0's scheduler over TCP."""
+    checkpoint = tiny_checkpoint("LlamaForCausalLM")
+    nodes = Nodes(checkpoint, ("--pp", "2"))
+    try:
+        prompt = torch.randint(10, 500, (9,), generator=torch.Generator().manual_seed(4)).tolist()
+        body = {"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "min_tokens": NEW_TOKENS,
+                "return_token_ids": True}
+        answer = httpx.post(f"{nodes.node0.base_url}/v1/completions", json=body, timeout=60).json()
+        assert answer["choices"][0]["token_ids"] == hf_greedy(hf_model(checkpoint), [prompt], NEW_TOKENS)[0]
+        info = httpx.get(f"{nodes.node0.base_url}/server_info", timeout=5).json()
+        assert (info["nnodes"], info["pipeline_parallel_size"]) == (2, 2)
+        assert "pipeline stage 1 of 2" in nodes.node1_output()
+    finally:
+        nodes.stop()
 
 
 @pytest.mark.slow

@@ -36,8 +36,10 @@ def test_the_layout_counts_every_stage() -> None:
     assert (parallel.world_size, parallel.result_rank) == (6, 4)
     with pytest.raises(ValueError, match="--pp-layer-partition takes effect"):
         ParallelConfig(pp_layer_partition=(1, 1))
-    with pytest.raises(ValueError, match="multi-node pipelines"):
-        ParallelConfig(pipeline_parallel_size=2, nnodes=2, dist_init_addr="127.0.0.1:1")
+    two_nodes = ParallelConfig(pipeline_parallel_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:9000")
+    assert (list(two_nodes.local_ranks), two_nodes.result_rank) == ([1], 1)  # node 1 runs the last stage
+    with pytest.raises(ValueError, match="must divide the 3 ranks"):
+        ParallelConfig(pipeline_parallel_size=3, nnodes=2, dist_init_addr="127.0.0.1:9000")
 
 
 def test_a_stage_skips_the_other_stages_tensors() -> None:
