@@ -1,7 +1,8 @@
-"""The real server with `--pp 2` (two pipeline stages, gloo on CPU): concurrent greedy completions equal
-transformers' tokens with chunked prefill (16-token steps), prefix caching (every prompt sent twice, the second
-time over cached blocks), async scheduling and preemption (a KV cache of 12 blocks for four requests of five
-blocks each); /server_info records the layout; flags pipeline stages cannot run with are refused at start."""
+"""The real server with `--pp 2` and `--tp 2 --pp 2` (two pipeline stages of one or two ranks, gloo on CPU):
+concurrent greedy completions equal transformers' tokens with chunked prefill (16-token steps), prefix caching
+(every prompt sent twice, the second time over cached blocks), async scheduling and preemption (a KV cache of 12
+blocks for four requests of five blocks each); /server_info records the layout; flags pipeline stages cannot run
+with are refused at start."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("LlamaForCausalLM", num_hidden_layers=3)
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint) -> Iterator[ServerProcess]:
-    process = ServerProcess("--model", str(checkpoint), "--pp", "2", "--num-kv-blocks", "12",
-                            "--max-num-batched-tokens", "16", "--max-model-len", "128", "--log-level", "info")
-    yield process
+@pytest.fixture(scope="module", params=[1, 2], ids=["pp2", "tp2-pp2"])
+def served(request, checkpoint) -> Iterator[tuple[ServerProcess, int]]:
+    """(the server, its tensor-parallel size)."""
+    process = ServerProcess("--model", str(checkpoint), "--tp", str(request.param), "--pp", "2", "--num-kv-blocks",
+                            "12", "--max-num-batched-tokens", "16", "--max-model-len", "128", "--log-level", "info")
+    yield process, request.param
     process.stop()
 
 
@@ -39,14 +41,15 @@ def complete(server: ServerProcess, prompt: list[int]) -> list[int]:
     return response.json()["choices"][0]["token_ids"]
 
 
-def test_pp2_server_equals_transformers_under_preemption(server, checkpoint) -> None:
+def test_pp2_server_equals_transformers_under_preemption(served, checkpoint) -> None:
+    server, tensor_parallel_size = served
     prompts = random_prompts((40, 45, 37, 42), seed=11)
     expected = hf_greedy(hf_model(checkpoint), prompts, NEW_TOKENS)
     for _ in range(2):  # the second round starts from the first's cached blocks
         with ThreadPoolExecutor(len(prompts)) as pool:
             assert list(pool.map(lambda prompt: complete(server, prompt), prompts)) == expected
     info = httpx.get(f"{server.base_url}/server_info", timeout=5).json()
-    assert (info["pipeline_parallel_size"], info["tensor_parallel_size"]) == (2, 1)
+    assert (info["pipeline_parallel_size"], info["tensor_parallel_size"]) == (2, tensor_parallel_size)
     log = server.log()
     assert "pipeline stage 1 of 2: decoder layers 1-2" in log and "preempt" in log
 
