@@ -13,7 +13,8 @@ the run; its share is that time over the run's duration per replica. On CUDA set
 RAPID_LLM_TIME_COLLECTIVES=1 and pass --server-args=--enforce-eager for it to be non-zero. With pipeline stages
 the reporting rank is the last stage's first rank, and its collective time is mostly the wait for the previous
 stage's hidden states: with TP 1 its share is the pipeline bubble as the last stage sees it.
-Layouts: tpN, ppN, dpN and their concatenations (tp2pp2, tp2dp2). Results: a markdown table on stdout and
+Layouts: tpN, ppN, dcpN, dpN and their concatenations (tp2pp2, tp2dcp2, tp2dp2); the JSON's `kv_cache_tokens` is
+the context one request may use (a DCP group holds N times one rank's). Results: a markdown table on stdout and
 --out JSON.
 """
 
@@ -37,15 +38,16 @@ from benchmarks import bench_serving
 from benchmarks.common.environment import collect_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-_LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dp(\d+))?")
+_LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dcp(\d+))?(?:dp(\d+))?")
 
 
-def parse_layout(text: str) -> tuple[int, int, int]:
-    """(tp, pp, dp): 'tp2' -> (2, 1, 1), 'pp2' -> (1, 2, 1), 'tp2dp2' -> (2, 1, 2)."""
+def parse_layout(text: str) -> tuple[int, int, int, int]:
+    """(tp, pp, dcp, dp): 'tp2' -> (2, 1, 1, 1), 'pp2' -> (1, 2, 1, 1), 'tp2dcp2' -> (2, 1, 2, 1)."""
     match = _LAYOUT.fullmatch(text.strip())
     if not text.strip() or match is None:
-        raise ValueError(f"layout {text!r} must be tpN, ppN, dpN or a concatenation in that order (tp2pp2)")
-    return int(match.group(1) or 1), int(match.group(2) or 1), int(match.group(3) or 1)
+        raise ValueError(f"layout {text!r} must be tpN, ppN, dcpN, dpN or a concatenation in that order (tp2pp2)")
+    tp, pp, dcp, dp = (int(group or 1) for group in match.groups())
+    return tp, pp, dcp, dp
 
 
 def collective_seconds(base_url: str) -> float:
@@ -57,10 +59,10 @@ def collective_seconds(base_url: str) -> float:
 class LayoutServer:
     """`launch_server` at one layout on `port`, healthy once constructed; `close()` stops it."""
 
-    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dp: int, log: Path) -> None:
+    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int, log: Path) -> None:
         self.base_url = f"http://127.0.0.1:{args.port}"
         command = [sys.executable, "-m", "rapid_llm.launch_server", "--model", args.model, "--port", str(args.port),
-                   "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--log-level", "info",
+                   "--tp", str(tp), "--pp", str(pp), "--dcp", str(dcp), "--dp", str(dp), "--log-level", "info",
                    *args.server_args.split()]
         self.log = log
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -84,9 +86,9 @@ class LayoutServer:
             self.process.wait()
 
 
-def run_layout(args: argparse.Namespace, tp: int, pp: int, dp: int) -> dict[str, Any]:
-    name = f"tp{tp}pp{pp}dp{dp}"
-    server = LayoutServer(args, tp, pp, dp, Path(args.out).with_suffix(f".{name}.log"))
+def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int) -> dict[str, Any]:
+    name = f"tp{tp}pp{pp}" + (f"dcp{dcp}" if dcp > 1 else "") + f"dp{dp}"
+    server = LayoutServer(args, tp, pp, dcp, dp, Path(args.out).with_suffix(f".{name}.log"))
     try:
         # Warm up outside the measured window (the counter is read after it).
         for _ in range(2):
@@ -104,7 +106,8 @@ def run_layout(args: argparse.Namespace, tp: int, pp: int, dp: int) -> dict[str,
         server.close()
     duration = result["duration"]
     devices = tp * pp * dp
-    return {"layout": name, "tp": tp, "pp": pp, "dp": dp, "devices": devices, "completed": result["completed"],
+    return {"layout": name, "tp": tp, "pp": pp, "dcp": dcp, "dp": dp, "devices": devices,
+            "kv_cache_tokens": server_info.get("kv_cache_tokens"), "completed": result["completed"],
             "duration_s": duration, "output_throughput": result["output_throughput"],
             "tgs": result["output_throughput"] / devices, "collective_seconds": collectives,
             "collective_share": collectives / (duration * dp) if duration else 0.0,
@@ -126,7 +129,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--layouts", default="tp1,tp2,dp2", help="Comma-separated tpN, ppN, dpN or concatenations.")
+    parser.add_argument("--layouts", default="tp1,tp2,dp2",
+                        help="Comma-separated tpN, ppN, dcpN, dpN or concatenations (tp2dcp2).")
     parser.add_argument("--port", type=int, default=31777)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     except ValueError as error:
         parser.error(str(error))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    rows = [run_layout(args, tp, pp, dp) for tp, pp, dp in layouts]
+    rows = [run_layout(args, *layout) for layout in layouts]
     print(table(rows))
     Path(args.out).write_text(json.dumps({"rows": rows, "environment": collect_environment(None),
                                           "args": vars(args)}, indent=2) + "\n")

@@ -100,6 +100,11 @@ class ServerArgs:
     pp_layer_partition: str | None = field(default=None, metadata={"help": "Decoder layers per pipeline stage, "
                                            "comma-separated (e.g. 10,14); default: an even split, the remainder "
                                            "on the last stages."})
+    decode_context_parallel_size: int = field(default=1, metadata={"help": "Decode context parallelism: blocks "
+                                              "of this many tensor-parallel ranks holding the same KV head split "
+                                              "every sequence's KV by position, so a request's context can be that "
+                                              "many times longer; attention merges exactly. See "
+                                              "docs/parallelism.md.", "aliases": ("--dcp", "--dcp-size", "-dcp")})
     enable_expert_parallel: bool = field(default=False, metadata={"help": "Partition MoE experts over the "
                                          "tensor-parallel ranks (EP size = TP size) instead of splitting each "
                                          "expert; tokens reach their experts by all-to-all."})
@@ -305,6 +310,7 @@ class ServerArgs:
                                   load_balance_method=self.load_balance_method, nnodes=self.nnodes,
                                   node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
                                   pipeline_parallel_size=self.pipeline_parallel_size,
+                                  decode_context_parallel_size=self.decode_context_parallel_size,
                                   pp_layer_partition=_int_tuple(self.pp_layer_partition, "--pp-layer-partition"))
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
@@ -317,8 +323,13 @@ class ServerArgs:
         lora = self._lora_config(speculative, kv_transfer, served_model_name)
         if parallel.pipeline_parallel_size > 1:
             _check_pipeline_features(parallel, speculative, kv_transfer, lora is not None)
+        dcp = parallel.decode_context_parallel_size
+        if dcp > 1:
+            self._check_dcp_features(dcp, parallel, speculative, kv_transfer)
         cache = CacheConfig(
-            block_size=self.block_size,
+            # With decode context parallelism a block's tokens are shared out: --block-size per rank, as vLLM.
+            block_size=self.block_size * dcp,
+            context_parallel_size=dcp,
             cache_dtype=self.kv_cache_dtype,
             kv_cache_memory_bytes=parse_size(self.kv_cache_memory, "--kv-cache-memory") if self.kv_cache_memory else None,
             num_blocks=self.num_kv_blocks,
@@ -329,7 +340,7 @@ class ServerArgs:
         default_budget = 8192 if device.type == "cuda" else 2048
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,
-            block_size=self.block_size,
+            block_size=cache.block_size,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or default_budget,
             eos_token_ids=model.eos_token_ids,
@@ -361,6 +372,20 @@ class ServerArgs:
             parallel=parallel,
         )
 
+
+    def _check_dcp_features(self, dcp: int, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
+                            kv_transfer: KVTransferConfig | None) -> None:
+        """What decode context parallelism cannot run with yet, refused at start with the reason."""
+        flag = f"--decode-context-parallel-size {dcp}"
+        refusals = [
+            (parallel.pipeline_parallel_size > 1, "--pipeline-parallel-size > 1", "not combined yet"),
+            (speculative is not None, "--speculative-config", "drafts are verified by the single-rank backends"),
+            (kv_transfer is not None, "--kv-transfer-config", "a transfer moves whole blocks, a rank holds shares"),
+            (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the DCP backend reads float caches only"),
+        ]
+        for refused, other, why in refusals:
+            if refused:
+                raise ValueError(f"{flag} with {other}: {why}; drop one of the flags")
 
     def _lora_config(self, speculative: SpeculativeConfig | None, kv_transfer: KVTransferConfig | None,
                      served_model_name: str) -> LoRAConfig | None:

@@ -33,10 +33,15 @@ class CacheConfig:
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     state_snapshots: int = 0
+    # Decode context parallelism: each rank stores 1/N of every block's tokens (`block_size` is the whole block's).
+    context_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        if not 1 <= self.block_size <= 1024:
+        if not 1 <= self.block_size <= 1024 * self.context_parallel_size:
             raise ValueError(f"--block-size must be in [1, 1024], got {self.block_size}")
+        if self.block_size % self.context_parallel_size:
+            raise ValueError(f"a KV block of {self.block_size} tokens does not split over "
+                             f"{self.context_parallel_size} decode-context-parallel ranks")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_bytes} bytes")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -57,3 +62,8 @@ class CacheConfig:
 
             return getattr(torch, KV_CACHE_STORAGE[self.cache_dtype])
         return model_dtype if self.cache_dtype == "auto" else dtype_from_name(self.cache_dtype, "--kv-cache-dtype")
+
+    @property
+    def rank_block_size(self) -> int:
+        """Tokens of a block one rank stores (the whole block without decode context parallelism)."""
+        return self.block_size // self.context_parallel_size

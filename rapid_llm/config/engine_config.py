@@ -44,6 +44,7 @@ class EngineConfig:
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
             "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
             "pp_layer_partition": self.parallel.pp_layer_partition,
+            "decode_context_parallel_size": self.parallel.decode_context_parallel_size,
             "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,

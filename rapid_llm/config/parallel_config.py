@@ -37,6 +37,11 @@ PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCaus
                                              "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
                                              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 PP_FLAG = "--pipeline-parallel-size"
+DCP_FLAG = "--decode-context-parallel-size"
+# Full attention only (one KV cache of K and V per head, no sliding window): the Llama family without MLA.
+DECODE_CONTEXT_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                                   "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                                   "Qwen3MoeForCausalLM"})
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
                                            "Qwen3_5ForCausalLM"}
@@ -56,11 +61,16 @@ class ParallelConfig:
     data_parallel_rank: int = 0  # the replica a worker belongs to (set per replica by the launcher)
     pipeline_parallel_size: int = 1
     pp_layer_partition: tuple[int, ...] | None = None  # decoder layers per stage (None: an even split)
+    decode_context_parallel_size: int = 1  # blocks of TP ranks sharing KV heads split each sequence's tokens
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"{FLAG} must be at least 1, got {self.tensor_parallel_size}")
         self._check_pipeline()
+        dcp = self.decode_context_parallel_size
+        if dcp < 1 or self.tensor_parallel_size % dcp:
+            raise ValueError(f"{DCP_FLAG} {dcp} must be at least 1 and divide {FLAG} {self.tensor_parallel_size} "
+                             "(its ranks are tensor-parallel ranks that hold the same KV heads)")
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
@@ -126,6 +136,8 @@ class ParallelConfig:
         tp = self.tensor_parallel_size
         if self.pipeline_parallel_size > 1:
             self._check_pipeline_model(model)
+        if self.decode_context_parallel_size > 1:
+            self._check_dcp_model(model)
         if self.enable_expert_parallel and model.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"{EP_FLAG}: {model.architecture} has no experts to partition (expert parallelism "
                              f"serves {', '.join(sorted(MOE_ARCHITECTURES))})")
@@ -159,6 +171,26 @@ class ParallelConfig:
             raise ValueError(f"{PP_FLAG} {pp}: {model.architecture} is not split into pipeline stages yet (only "
                              f"{', '.join(sorted(PIPELINE_PARALLEL_ARCHITECTURES))}); serve it with {PP_FLAG} 1")
         layer_partition(model.hf_config.num_hidden_layers, pp, self.pp_layer_partition)
+
+    def _check_dcp_model(self, model: ModelConfig) -> None:
+        from rapid_llm.config.model_config import attention_kv_heads
+
+        dcp, tp = self.decode_context_parallel_size, self.tensor_parallel_size
+        if model.architecture not in DECODE_CONTEXT_PARALLEL_ARCHITECTURES:
+            served = ", ".join(sorted(DECODE_CONTEXT_PARALLEL_ARCHITECTURES))
+            raise ValueError(f"{DCP_FLAG} {dcp}: {model.architecture} is not served with decode context parallelism "
+                             f"yet (only full-attention models: {served})")
+        config = model.hf_config
+        layer_types = getattr(config, "layer_types", None)
+        # As models/llama.py reads windows: per layer from layer_types, else the model-wide sliding_window.
+        windowed = ("sliding_attention" in layer_types if layer_types is not None
+                    else getattr(config, "sliding_window", None) is not None)
+        if windowed:
+            raise ValueError(f"{DCP_FLAG} {dcp}: sliding-window attention is not split over DCP ranks yet")
+        kv_heads = attention_kv_heads(config)
+        if tp % (kv_heads * dcp):
+            raise ValueError(f"{DCP_FLAG} {dcp}: each DCP group must hold one KV head replicated on all its ranks, "
+                             f"so {FLAG} {tp} must be a multiple of the model's {kv_heads} KV heads x {dcp}")
 
     def _check_experts(self, config: PretrainedConfig) -> None:
         """Experts split by intermediate size (TP), or whole over the ranks (EP, plus EPLB's redundant slots)."""

@@ -2,7 +2,8 @@
 
 Without pipeline stages the tensor-parallel group is the whole torch.distributed world; with them it is this
 stage's block of ranks (distributed/pipeline.py), a group `process_group.init_worker_group` creates and records
-here before the model is built. Layers read the size when they shard weights. Without a group (one rank) every
+here before the model is built. With decode context parallelism, blocks of N consecutive tensor-parallel ranks
+(which hold the same KV heads) form a DCP group each: they split every sequence's tokens, not its heads. Layers read the size when they shard weights. Without a group (one rank) every
 collective is the identity and torch.distributed is never touched. Every collective is timed
 (`collective_timer.py`).
 """
@@ -25,6 +26,26 @@ def set_tp_group(group: dist.ProcessGroup | None) -> None:
 
 def get_tp_group() -> dist.ProcessGroup | None:
     return _tp_group
+
+
+_dcp_group: dist.ProcessGroup | None = None  # decode context parallelism: ranks sharing KV heads, not tokens
+
+
+def set_dcp_group(group: dist.ProcessGroup | None) -> None:
+    global _dcp_group
+    _dcp_group = group
+
+
+def get_dcp_group() -> dist.ProcessGroup | None:
+    return _dcp_group
+
+
+def get_dcp_rank() -> int:
+    return dist.get_rank(_dcp_group) if _dcp_group is not None else 0
+
+
+def get_dcp_size() -> int:
+    return dist.get_world_size(_dcp_group) if _dcp_group is not None else 1
 
 
 def get_tp_rank() -> int:

@@ -55,7 +55,7 @@ class KVCache:
     layers: list[PagedAttentionLayer]
     specs: list[KVCacheSpec]
     num_blocks: int
-    block_size: int
+    block_size: int  # tokens of a block this rank stores (a 1/N share with decode context parallelism)
     device: torch.device
     tables: KVTables
     extra_bytes: int = 0  # scratch blocks past num_blocks in a proposer's layers
@@ -219,7 +219,8 @@ def allocate_kv_cache(
     tensor_of = [*tables.tensor_of, *range(tables.num_tensors, tables.num_tensors + len(layers) - num_tabled)]
     tensor_specs = {tensor: spec for tensor, spec in zip(tensor_of, specs)}
     tensor_scratch = {tensor: blocks for tensor, blocks in zip(tensor_of, scratch)}
-    block_size = cache_config.block_size
+    # A rank's share of each block's tokens: all of them, or 1/N with decode context parallelism.
+    block_size = cache_config.rank_block_size
     extra_bytes = sum(tensor_scratch[tensor] * spec.bytes_per_block(block_size)
                       for tensor, spec in tensor_specs.items())
     page_bytes = bytes_per_block(list(tensor_specs.values()), block_size)

@@ -55,7 +55,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         profiler = step_profiler_from_env(rank, replica)  # first: a bad variable fails before the model loads
         tp = parallel.tensor_parallel_size
         stage = PipelineStage(rank // tp, parallel.pipeline_parallel_size, parallel.pp_layer_partition, tp)
-        init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank), stage)
+        init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank), stage,
+                          parallel.decode_context_parallel_size)
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,

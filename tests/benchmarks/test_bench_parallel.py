@@ -7,15 +7,16 @@ import pytest
 from benchmarks.bench_parallel import parse_layout, table
 
 
-@pytest.mark.parametrize(("text", "layout"), [("tp1", (1, 1, 1)), ("tp4", (4, 1, 1)), ("dp2", (1, 1, 2)),
-                                              ("tp2dp2", (2, 1, 2)), ("pp2", (1, 2, 1)), ("tp2pp2", (2, 2, 1))])
-def test_layouts_parse(text: str, layout: tuple[int, int, int]) -> None:
+@pytest.mark.parametrize(("text", "layout"), [("tp1", (1, 1, 1, 1)), ("tp4", (4, 1, 1, 1)), ("dp2", (1, 1, 1, 2)),
+                                              ("tp2dp2", (2, 1, 1, 2)), ("pp2", (1, 2, 1, 1)),
+                                              ("tp2pp2", (2, 2, 1, 1)), ("tp2dcp2", (2, 1, 2, 1))])
+def test_layouts_parse(text: str, layout: tuple[int, int, int, int]) -> None:
     assert parse_layout(text) == layout
 
 
 @pytest.mark.parametrize("text", ["", "pp2tp2", "tp", "dp2tp2", "tp2 x"])
 def test_bad_layouts_are_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="must be tpN, ppN, dpN"):
+    with pytest.raises(ValueError, match="must be tpN, ppN, dcpN, dpN"):
         parse_layout(text)
 
 
