@@ -119,12 +119,15 @@ def test_with_every_pair_of_conflicts_the_largest_supported_combinations_run() -
     runs = largest_supported(names, UNSUPPORTED)
     # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output;
     # where draft-model speculation stays, the hybrid model too (a draft with recurrent state is refused); where
-    # either speculation stays, the LoRA adapter (refused with a speculative config).
+    # either speculation stays, the LoRA adapter and pipeline stages (both refused with a speculative config);
+    # where structured output stays, either pipeline stages or the hybrid model and LoRA (both refused with them).
     trio = {"speculative", "draft_model", "structured_output"}
-    assert len(runs) == 6 and {frozenset(names) - set(run) for run in runs} == {
-        frozenset({one, *(trio - {other}), *(("hybrid_model",) if other == "draft_model" else ()),
-                   *(("lora",) if other != "structured_output" else ())})
-        for one in ("tensor_parallel", "quantization") for other in trio}
+    staged_out = {"structured_output": [{"pipeline_parallel"}, {"hybrid_model", "lora"}],
+                  "speculative": [{"lora", "pipeline_parallel"}],
+                  "draft_model": [{"hybrid_model", "lora", "pipeline_parallel"}]}
+    assert len(runs) == 8 and {frozenset(names) - set(run) for run in runs} == {
+        frozenset({one, *(trio - {other}), *extra})
+        for one in ("tensor_parallel", "quantization") for other in trio for extra in staged_out[other]}
     default_checkpoint = _all_on_but("hybrid_model")
     default_runs = [run for run in largest_supported(default_checkpoint, UNSUPPORTED) if run not in runs]
     assert combinations()[-2 - len(runs) - len(default_runs):] == [tuple(names), *runs, default_checkpoint,
