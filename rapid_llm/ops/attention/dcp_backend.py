@@ -16,7 +16,7 @@ Usage: `DecodeContextParallelBackend()` reads the DCP group from distributed/par
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,13 +27,23 @@ from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata,
 
 
 @dataclass
+class DCPGroup:
+    """Sequences attended together, padded to their longest query (decodes and prefill chunks apart, so a long
+    chunk does not pad every decode to its length)."""
+
+    seq_ids: torch.Tensor  # [S] the group's sequences
+    token_index: torch.Tensor  # [Tg] the group's tokens in the step
+    padded_index: torch.Tensor  # [Tg] each token's row in the [S * max_query_len] layout
+    key_mask: torch.Tensor  # [S, 1, max_query_len, local_keys]: key visible to query row
+    max_query_len: int
+    local_keys: int  # local indices covering the group's longest sequence on this rank
+
+
+@dataclass
 class DCPMetadata(AttentionMetadata):
     write_tokens: torch.Tensor | None = None  # [W] the step's tokens this rank stores
     write_slots: torch.Tensor | None = None  # [W] their slots in this rank's cache
-    padded_index: torch.Tensor | None = None  # [T] each token's row in the [seqs * max_query_len] layout
-    key_mask: torch.Tensor | None = None  # [seqs, 1, max_query_len, local keys]: key visible to query row
-    max_query_len: int = 1
-    local_keys: int = 1  # local indices covering the longest sequence's tokens on this rank
+    groups: list[DCPGroup] = field(default_factory=list)
 
 
 def _gather(tensor: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
@@ -57,17 +67,28 @@ class DecodeContextParallelBackend(AttentionBackend):
         write_slots = (common.block_tables[seq_index[write_tokens], owned // block_size] * (block_size // size)
                        + owned % block_size // size)
         query_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
+        decodes = torch.tensor([length == 1 for length in layout.query_lens], dtype=torch.bool, device=device)
+        groups = [self._group(common, query_lens, seq_ids, device)
+                  for seq_ids in (torch.nonzero(decodes).squeeze(1), torch.nonzero(~decodes).squeeze(1))
+                  if len(seq_ids)]
+        return DCPMetadata(**vars(common), write_tokens=write_tokens, write_slots=write_slots, groups=groups)
+
+    def _group(self, common: AttentionMetadata, query_lens: torch.Tensor, seq_ids: torch.Tensor,
+               device: torch.device) -> DCPGroup:
+        seq_lens, size = common.seq_lens[seq_ids], self.size
+        max_query_len, max_seq_len = int(query_lens[seq_ids].max()), int(seq_lens.max())
+        local_id = torch.full_like(query_lens, -1)
+        local_id[seq_ids] = torch.arange(len(seq_ids), device=device)
+        token_index = torch.nonzero(local_id[common.seq_index] >= 0).squeeze(1)
         context_lens = common.seq_lens - query_lens
-        max_query_len, max_seq_len = max(layout.query_lens), max(layout.seq_lens)
-        padded_index = seq_index * max_query_len + positions - context_lens[seq_index]
-        local_keys = max(1, -(-max_seq_len // size))
-        query_positions = context_lens.unsqueeze(1) + torch.arange(max_query_len, device=device)
+        token_seq = common.seq_index[token_index]
+        padded_index = local_id[token_seq] * max_query_len + common.positions[token_index] - context_lens[token_seq]
+        local_keys = -(-max_seq_len // size)
+        query_positions = context_lens[seq_ids].unsqueeze(1) + torch.arange(max_query_len, device=device)
         key_positions = torch.arange(local_keys, device=device) * size + self.rank
-        key_mask = ((key_positions < common.seq_lens.unsqueeze(1)).unsqueeze(1)
+        key_mask = ((key_positions < seq_lens.unsqueeze(1)).unsqueeze(1)
                     & (key_positions <= query_positions.unsqueeze(-1))).unsqueeze(1)
-        return DCPMetadata(**vars(common), write_tokens=write_tokens, write_slots=write_slots,
-                           padded_index=padded_index, key_mask=key_mask, max_query_len=max_query_len,
-                           local_keys=local_keys)
+        return DCPGroup(seq_ids, token_index, padded_index, key_mask, max_query_len, local_keys)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: DCPMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
@@ -77,22 +98,33 @@ class DecodeContextParallelBackend(AttentionBackend):
         pages[0].index_copy_(0, metadata.write_slots, key[metadata.write_tokens].to(kv_cache.dtype))
         pages[1].index_copy_(0, metadata.write_slots, value[metadata.write_tokens].to(kv_cache.dtype))
         queries = _gather(query, self.group, self.size).permute(1, 0, 2, 3).flatten(1, 2)  # [T, N * Hq, D]
-        num_seqs, heads = metadata.seq_lens.shape[0], queries.shape[1]
-        padded = queries.new_zeros(num_seqs * metadata.max_query_len, heads, head_dim, dtype=torch.float32)
-        padded[metadata.padded_index] = queries.float()
-        padded = padded.view(num_seqs, metadata.max_query_len, heads, head_dim).transpose(1, 2)
-        # [2, seqs, blocks * local block, 1, D] -> the first local_keys local indices, one KV head.
-        history = kv_cache[:, metadata.block_tables].flatten(2, 3)[:, :, : metadata.local_keys, 0].float()
-        scores = torch.einsum("bhqd,bkd->bhqk", padded, history[0]) * scale
-        scores = scores.masked_fill(~metadata.key_mask, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)  # -inf for a row without local keys
-        weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1))
-        attended = torch.einsum("bhqk,bkd->bhqd", weights, history[1])
-        # Back to token rows: [T, heads, D] and [T, heads].
-        out = attended.transpose(1, 2).reshape(-1, heads, head_dim)[metadata.padded_index]
-        lse = lse.transpose(1, 2).reshape(-1, heads)[metadata.padded_index]
+        heads = queries.shape[1]
+        out = queries.new_empty(num_tokens, heads, head_dim, dtype=torch.float32)
+        lse = queries.new_empty(num_tokens, heads, dtype=torch.float32)
+        for group in metadata.groups:
+            group_out, group_lse = self._attend(queries, kv_cache, metadata.block_tables, group, scale)
+            out[group.token_index], lse[group.token_index] = group_out, group_lse
         outs, lses = _gather(out, self.group, self.size), _gather(lse, self.group, self.size)
         total = torch.logsumexp(lses, dim=0)  # every query sees at least itself on some rank
         merged = (torch.exp(lses - total).unsqueeze(-1) * outs).sum(dim=0)
         mine = merged[:, self.rank * local_heads : (self.rank + 1) * local_heads]
         return mine.to(query.dtype).view(num_tokens, local_heads, head_dim)
+
+    @staticmethod
+    def _attend(queries: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, group: DCPGroup,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's tokens attended over this rank's share: ([Tg, heads, D] output, [Tg, heads] log-sum-exp,
+        -inf for a row with no key here)."""
+        num_seqs, heads, head_dim = len(group.seq_ids), queries.shape[1], queries.shape[2]
+        padded = queries.new_zeros(num_seqs * group.max_query_len, heads, head_dim, dtype=torch.float32)
+        padded[group.padded_index] = queries[group.token_index].float()
+        padded = padded.view(num_seqs, group.max_query_len, heads, head_dim).transpose(1, 2)
+        # [2, seqs, blocks * rank block, 1, D] -> the first local_keys local indices of the one KV head.
+        history = kv_cache[:, block_tables[group.seq_ids]].flatten(2, 3)[:, :, : group.local_keys, 0].float()
+        scores = torch.einsum("bhqd,bkd->bhqk", padded, history[0]) * scale
+        scores = scores.masked_fill(~group.key_mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1))
+        attended = torch.einsum("bhqk,bkd->bhqd", weights, history[1])
+        rows = attended.transpose(1, 2).reshape(-1, heads, head_dim)[group.padded_index]
+        return rows, lse.transpose(1, 2).reshape(-1, heads)[group.padded_index]
