@@ -7,7 +7,7 @@ files plus the subset's files in the shipped held-out text; the adapter never tr
 former). Batches, loss and LR schedule are those of :mod:`tools.demo_model.train` with this run's steps, so the run
 is reproducible from ``--seed``, which also seeds the LoRA init. Training is float32 on the CPU; the A/B matrices
 are exported as bfloat16 with PEFT's ``save_pretrained``, then reloaded with ``PeftModel.from_pretrained`` to
-report held-out losses and greedy samples with the adapter and without it. Needs peft (the `bench` extra).
+report held-out losses and greedy samples with the adapter and without it.
 
 Usage:
     python -m tools.demo_model.train_lora --out rapid_llm/demo_models/lora-tkinter [--subset tkinter/]
@@ -22,13 +22,17 @@ import math
 import pathlib
 import time
 
-import peft
 import torch
 import transformers
 
 from tools.demo_model import data
 from tools.demo_model.presets import PRESETS, Preset
 from tools.demo_model.train import ADAMW, GRAD_CLIP, _loss, batch, held_out_loss, learning_rate, tokenize
+
+try:  # not a rapid_llm dependency: only this tool needs it (pip install peft)
+    import peft
+except ImportError:
+    peft = None
 
 DEFAULT_BASE = pathlib.Path(__file__).resolve().parents[2] / "rapid_llm" / "demo_models" / "target"
 BASE_MODEL_NAME = "demo-target"  # adapter_config.json's base_model_name_or_path: the server's name for the target
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--max-minutes", type=float, help="stop training early (the adapter is exported anyway)")
     args = parser.parse_args(argv)
+    if peft is None:
+        parser.error("this tool needs peft: pip install peft")
     torch.set_num_threads(args.threads)
     schedule = dataclasses.replace(PRESETS["target"], steps=args.steps, batch_size=args.batch_size,
                                    seq_len=args.seq_len, lr=args.lr, warmup_steps=max(1, args.steps // 20))

@@ -5,8 +5,8 @@ A block of B tokens (the scheduler's) is stored as N shares of B/N: position p l
 (p mod B) // N of block p // B, so the block tables are the scheduler's on every rank, a rank's local index of
 position p is p // N, and the group's KV memory holds N times the tokens one rank could. A step: every rank writes
 the new tokens of its residue class; the group all-gathers the queries (every head of the group); each rank
-attends all of them over its own tokens (the key at local index j has position j N + rank, and the causal mask
-compares positions, so prefill chunks and decodes are one path) and keeps the log-sum-exp of each row's scores;
+attends all of them over its own tokens (the key at local index j has position j N + rank; the causal mask
+compares positions, decodes and prefill chunks padded as two groups) and keeps each row's log-sum-exp;
 the group all-gathers outputs and log-sum-exps and merges them: out = sum_r exp(lse_r - logsumexp_r lse_r) out_r,
 exact up to float rounding. Each rank keeps its own heads.
 Key design choice: torch ops in float32, a backend of its own that the worker selects only when N > 1, so the
