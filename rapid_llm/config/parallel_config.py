@@ -39,9 +39,8 @@ PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCaus
 PP_FLAG = "--pipeline-parallel-size"
 DCP_FLAG = "--decode-context-parallel-size"
 # Full attention only (one KV cache of K and V per head, no sliding window): the Llama family without MLA.
-DECODE_CONTEXT_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                   "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                                                   "Qwen3MoeForCausalLM"})
+DECODE_CONTEXT_PARALLEL_ARCHITECTURES = PIPELINE_PARALLEL_ARCHITECTURES - {"DeepseekV2ForCausalLM",
+                                                                           "DeepseekV3ForCausalLM"}
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
                                            "Qwen3_5ForCausalLM"}
