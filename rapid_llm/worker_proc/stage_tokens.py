@@ -6,8 +6,8 @@ a request whose token is not back); the tokens are recorded into the input batch
 before any later step touches one of their slots, in arrival order (`settle`), or as soon as they have arrived.
 Key design choice: a stage never blocks on tokens its next micro-batch does not read, so it computes while the
 later stages do.
-Usage: `tokens.expect(slots, positions, input_batch, device)` after a step; `tokens.settle(slots)` before the
-next one changes or reads those slots.
+Usage: `tokens = StageTokens(input_batch, device)`; `tokens.expect(slots, positions)` after a step that samples;
+`tokens.settle(slots)` before the next one changes or reads those slots.
 """
 
 from __future__ import annotations
