@@ -38,9 +38,8 @@ PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCaus
                                              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 PP_FLAG = "--pipeline-parallel-size"
 DCP_FLAG = "--decode-context-parallel-size"
-# Full attention only (one KV cache of K and V per head, no sliding window): the Llama family without MLA.
-DECODE_CONTEXT_PARALLEL_ARCHITECTURES = PIPELINE_PARALLEL_ARCHITECTURES - {"DeepseekV2ForCausalLM",
-                                                                           "DeepseekV3ForCausalLM"}
+# Full attention (K and V per head, no sliding window) or MLA's latent: the architectures pipelines split.
+DECODE_CONTEXT_PARALLEL_ARCHITECTURES = PIPELINE_PARALLEL_ARCHITECTURES
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
                                            "Qwen3_5ForCausalLM"}
@@ -178,7 +177,7 @@ class ParallelConfig:
         if model.architecture not in DECODE_CONTEXT_PARALLEL_ARCHITECTURES:
             served = ", ".join(sorted(DECODE_CONTEXT_PARALLEL_ARCHITECTURES))
             raise ValueError(f"{DCP_FLAG} {dcp}: {model.architecture} is not served with decode context parallelism "
-                             f"yet (only full-attention models: {served})")
+                             f"yet (only {served})")
         config = model.hf_config
         layer_types = getattr(config, "layer_types", None)
         # As models/llama.py reads windows: per layer from layer_types, else the model-wide sliding_window.
@@ -186,6 +185,8 @@ class ParallelConfig:
                     else getattr(config, "sliding_window", None) is not None)
         if windowed:
             raise ValueError(f"{DCP_FLAG} {dcp}: sliding-window attention is not split over DCP ranks yet")
+        if getattr(config, "kv_lora_rank", None):
+            return  # MLA's latent is one KV head replicated on every tensor-parallel rank
         kv_heads = attention_kv_heads(config)
         if tp % (kv_heads * dcp):
             raise ValueError(f"{DCP_FLAG} {dcp}: each DCP group must hold one KV head replicated on all its ranks, "

@@ -21,7 +21,8 @@ causal_conv = REGISTRY.op("causal_conv")
 gated_delta_rule = REGISTRY.op("gated_delta_rule")
 ssd_scan = REGISTRY.op("ssd_scan")
 lora = REGISTRY.op("lora")
+attention_lse = REGISTRY.op("attention_lse")
 
-__all__ = ["REGISTRY", "apply_token_bitmask", "catalog", "causal_conv", "fused_add_rms_norm", "fused_moe",
+__all__ = ["REGISTRY", "apply_token_bitmask", "attention_lse", "catalog", "causal_conv", "fused_add_rms_norm", "fused_moe",
            "gated_delta_rule", "kv_cache_store", "linear", "lora", "rms_norm", "rotary_embedding", "silu_and_mul",
            "ssd_scan", "top_k_top_p_filter"]

@@ -116,6 +116,9 @@ register_op(name="attention", backend=REFERENCE, fn="rapid_llm.ops.attention.tor
 register_op(name="mla_attention", backend=REFERENCE, fn="rapid_llm.ops.attention.mla_torch_ref:MLA_TORCH_REF_BACKEND")
 register_op(name="mla_attention", backend="torch_absorbed",
             fn="rapid_llm.ops.attention.mla_absorbed:MLA_ABSORBED_BACKEND", priority=10)
+# attention_lse(queries, keys, values, key_mask, scale) -> (output, log-sum-exp): attention over one share of the
+# keys, for backends that merge shares (decode context parallelism); a kernel without the log-sum-exp cannot serve.
+register_op(name="attention_lse", backend=REFERENCE, fn="rapid_llm.ops.attention.lse_attention:attention_lse")
 # DeepSeek-V4's sliding + compressed sparse attention with sinks over one paged row per token: DeepseekV4Backends
 # (rapid_llm/ops/attention/dsv4_backend.py), selected once like the others.
 register_op(name="dsv4_attention", backend=REFERENCE,

@@ -333,6 +333,18 @@ def _mla_attention_step(backend: Any, args: tuple[Any, ...]) -> torch.Tensor:
     return backend.forward(query, latent, cache, kv_b_weight, dims, backend.build_metadata(layout, query.device), scale)
 
 
+def _attention_lse(config: CaseConfig, variant: str) -> OpInputs:
+    """One decode query per sequence (or a causal chunk of 16) over context_len keys of one shared KV head, about
+    half of them visible (a rank's share)."""
+    inputs, shape, t = CaseInputs(config), config.shape, config.num_tokens
+    queries_per_seq = 16 if variant == "chunk" else 1
+    num_seqs, keys = max(1, t // queries_per_seq), config.context_len
+    queries = inputs.randn(num_seqs, shape.num_heads, queries_per_seq, shape.head_dim)
+    key_mask = (torch.rand((num_seqs, 1, queries_per_seq, keys), generator=inputs.generator) < 0.5).to(config.device)
+    return OpInputs((queries, inputs.randn(num_seqs, keys, shape.head_dim), inputs.randn(num_seqs, keys, shape.head_dim),
+                     key_mask, shape.head_dim**-0.5), f"[{num_seqs}, {shape.num_heads}, {queries_per_seq}, {keys}]")
+
+
 def _dsv4_pool(kv: torch.Tensor, gate: torch.Tensor, valid: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
     """A stand-in for a V4 compressor's pooling: gate-softmax over the current window's second series."""
     width = kv.shape[-1] // 2
@@ -381,6 +393,7 @@ OP_CASES: dict[str, OpCase] = {
     "apply_token_bitmask": OpCase(_apply_token_bitmask, variants=("random", "sparse"), dtypes=("float32",),
                                   why_dtypes="the sampler masks float32 logits", exact=True),
     "attention": OpCase(_attention, variants=("decode", "extend", "prefill"), run=_attention_step),
+    "attention_lse": OpCase(_attention_lse, variants=("decode", "chunk")),
     "mla_attention": OpCase(_mla_attention, variants=("decode", "prefill"), run=_mla_attention_step),
     "dsv4_attention": OpCase(_dsv4_attention, variants=("decode", "prefill"), run=_dsv4_attention_step),
     **STATE_OP_CASES,

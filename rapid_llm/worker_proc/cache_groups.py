@@ -29,6 +29,7 @@ from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer
 from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.dcp_backend import DecodeContextParallelBackend
+from rapid_llm.ops.attention.dcp_mla_backend import DecodeContextParallelMLABackend
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.attention.kv_tables import KVTables, kv_tables
 from rapid_llm.ops.registry import REGISTRY
@@ -48,7 +49,7 @@ def select_backend(op: str, device: torch.device, model_config: ModelConfig, cac
         # Decode context parallelism: each rank holds a share of every block (refused at start for other ops).
         op_choices[op] = {"backend": "decode_context_parallel",
                           "reason": f"KV split over {cache_config.context_parallel_size} DCP ranks"}
-        return DecodeContextParallelBackend()
+        return DecodeContextParallelMLABackend() if op == "mla_attention" else DecodeContextParallelBackend()
     backend = REGISTRY.select(op, device, model_config.dtype_name).fn
     kv_dtype = cache_config.kv_dtype(model_config.dtype)
     if not backend_reads_kv(backend, kv_dtype) and op not in REGISTRY.overrides:

@@ -1,7 +1,7 @@
 """Decode context parallelism on CPU gloo ranks: with `--tp 2 --dcp 2` both ranks hold the model's one KV head
 and each stores every other token of every sequence (ops/attention/dcp_backend.py); attention merges the two
 partial results by their log-sum-exps. Greedy tokens and logprobs equal transformers' (within 1e-4) on Llama and
-Qwen3-MoE with chunked prefill, prefix caching and async scheduling; a context longer than one rank's KV cache is
+Qwen3-MoE (one KV head) and DeepSeek-V3 (MLA's latent, ops/attention/dcp_mla_backend.py) with chunked prefill, prefix caching and async scheduling; a context longer than one rank's KV cache is
 served at DCP=2 and refused at start at DCP=1."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from tests.distributed.golden import assert_matches_transformers, random_prompts
 from tests.hf_reference import hf_greedy, hf_model
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
 def test_dcp2_matches_transformers(tiny_checkpoint, architecture: str) -> None:
-    checkpoint = tiny_checkpoint(architecture, num_key_value_heads=1)
+    # MLA's latent is shared by every head: any model splits; the others need one KV head per DCP group.
+    mla = architecture == "DeepseekV3ForCausalLM"
+    checkpoint = tiny_checkpoint(architecture) if mla else tiny_checkpoint(architecture, num_key_value_heads=1)
     assert_matches_transformers(checkpoint, 2, f"{architecture} tp=2 dcp=2", decode_context_parallel_size=2,
                                 max_num_batched_tokens=16, block_size=4)
 
@@ -36,11 +38,13 @@ def test_a_context_longer_than_one_ranks_cache_is_served_at_dcp2(tiny_checkpoint
 
 def test_layouts_dcp_cannot_serve_are_refused(tiny_checkpoint) -> None:
     llama = str(tiny_checkpoint("LlamaForCausalLM", num_key_value_heads=2))
-    deepseek = str(tiny_checkpoint("DeepseekV3ForCausalLM"))
+    lfm2 = str(tiny_checkpoint("Lfm2ForCausalLM"))
     for model, args, message in [(llama, {"tensor_parallel_size": 2}, "one KV head replicated"),
                                  (llama, {"tensor_parallel_size": 3}, "divide --tensor-parallel-size 3"),
-                                 (deepseek, {"tensor_parallel_size": 2}, "DeepseekV3ForCausalLM is not served"),
-                                 (llama, {"tensor_parallel_size": 4, "kv_cache_dtype": "fp8"}, "--kv-cache-dtype")]:
+                                 (lfm2, {"tensor_parallel_size": 2}, "Lfm2ForCausalLM is not served"),
+                                 (llama, {"tensor_parallel_size": 4, "kv_cache_dtype": "fp8"}, "--kv-cache-dtype"),
+                                 (llama, {"tensor_parallel_size": 4, "op_backend": "attention=cpu_paged"},
+                                  "pin attention_lse instead")]:
         with pytest.raises(ValueError, match=message):
             ServerArgs(model=model, decode_context_parallel_size=2, **args).engine_config(model)
 

@@ -5,22 +5,25 @@ A block of B tokens (the scheduler's) is stored as N shares of B/N: position p l
 (p mod B) // N of block p // B, so the block tables are the scheduler's on every rank, a rank's local index of
 position p is p // N, and the group's KV memory holds N times the tokens one rank could. A step: every rank writes
 the new tokens of its residue class; the group all-gathers the queries (every head of the group); each rank
-attends all of them over its own tokens (the key at local index j has position j N + rank; the causal mask
-compares positions, decodes and prefill chunks padded as two groups) and keeps each row's log-sum-exp;
+attends all of them over its own tokens through the registry's `attention_lse` (the key at local index j has
+position j N + rank; the causal mask compares positions, decodes and prefill chunks padded as two groups);
 the group all-gathers outputs and log-sum-exps and merges them: out = sum_r exp(lse_r - logsumexp_r lse_r) out_r,
-exact up to float rounding. Each rank keeps its own heads.
-Key design choice: torch ops in float32, a backend of its own that the worker selects only when N > 1, so the
-single-rank backends stay as they are; sliding windows and quantized caches are refused at start.
+exact up to float rounding. Each rank keeps its own heads. `DCPShares` is what this backend and MLA's
+(dcp_mla_backend.py) share; they differ in the cache they read.
+Key design choice: float32, a backend of its own that the worker selects only when N > 1, so the single-rank
+backends stay as they are; sliding windows and quantized caches are refused at start.
 Usage: `DecodeContextParallelBackend()` reads the DCP group from distributed/parallel_state.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from rapid_llm import ops
 from rapid_llm.distributed.collective_timer import timed
 from rapid_llm.distributed.parallel_state import get_dcp_group, get_dcp_rank, get_dcp_size
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
@@ -54,7 +57,10 @@ def _gather(tensor: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.
     return parts.view(size, *tensor.shape)
 
 
-class DecodeContextParallelBackend(AttentionBackend):
+class DCPShares:
+    """What both DCP backends share: the step's metadata (who writes which token where, the padded groups), the
+    partial attention over this rank's share through the registry's `attention_lse`, and the exact merge."""
+
     def __init__(self) -> None:
         self.rank, self.size, self.group = get_dcp_rank(), get_dcp_size(), get_dcp_group()
 
@@ -90,41 +96,41 @@ class DecodeContextParallelBackend(AttentionBackend):
                     & (key_positions <= query_positions.unsqueeze(-1))).unsqueeze(1)
         return DCPGroup(seq_ids, token_index, padded_index, key_mask, max_query_len, local_keys)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: DCPMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
-        """query [T, Hq, D] (this rank's heads), key/value [T, 1, D] (the group's KV head) -> [T, Hq, D]."""
-        num_tokens, local_heads, head_dim = query.shape
-        pages = kv_cache.flatten(1, 2)  # [2, slots, Hkv, D]
-        pages[0].index_copy_(0, metadata.write_slots, key[metadata.write_tokens].to(kv_cache.dtype))
-        pages[1].index_copy_(0, metadata.write_slots, value[metadata.write_tokens].to(kv_cache.dtype))
+    def attend_shares(self, query: torch.Tensor, metadata: DCPMetadata, scale: float, value_dim: int,
+                      history: Callable[[DCPGroup], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """query [T, Hq, D] (this rank's heads) over every rank's share of the keys -> [T, Hq, value_dim] in
+        float32. `history(group)`: the group's keys [S, local_keys, D] and values [S, local_keys, value_dim] here."""
+        num_tokens, local_heads = query.shape[0], query.shape[1]
         queries = _gather(query, self.group, self.size).permute(1, 0, 2, 3).flatten(1, 2)  # [T, N * Hq, D]
         heads = queries.shape[1]
-        out = queries.new_empty(num_tokens, heads, head_dim, dtype=torch.float32)
+        out = queries.new_empty(num_tokens, heads, value_dim, dtype=torch.float32)
         lse = queries.new_empty(num_tokens, heads, dtype=torch.float32)
         for group in metadata.groups:
-            group_out, group_lse = self._attend(queries, kv_cache, metadata.block_tables, group, scale)
-            out[group.token_index], lse[group.token_index] = group_out, group_lse
+            keys, values = history(group)
+            num_seqs = len(group.seq_ids)
+            padded = queries.new_zeros(num_seqs * group.max_query_len, heads, queries.shape[2], dtype=torch.float32)
+            padded[group.padded_index] = queries[group.token_index].float()
+            padded = padded.view(num_seqs, group.max_query_len, heads, -1).transpose(1, 2)
+            group_out, group_lse = ops.attention_lse(padded, keys, values, group.key_mask, scale)
+            out[group.token_index] = group_out.transpose(1, 2).reshape(-1, heads, value_dim)[group.padded_index]
+            lse[group.token_index] = group_lse.transpose(1, 2).reshape(-1, heads)[group.padded_index]
         outs, lses = _gather(out, self.group, self.size), _gather(lse, self.group, self.size)
         total = torch.logsumexp(lses, dim=0)  # every query sees at least itself on some rank
         merged = (torch.exp(lses - total).unsqueeze(-1) * outs).sum(dim=0)
-        mine = merged[:, self.rank * local_heads : (self.rank + 1) * local_heads]
-        return mine.to(query.dtype).view(num_tokens, local_heads, head_dim)
+        return merged[:, self.rank * local_heads : (self.rank + 1) * local_heads]
 
-    @staticmethod
-    def _attend(queries: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, group: DCPGroup,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's tokens attended over this rank's share: ([Tg, heads, D] output, [Tg, heads] log-sum-exp,
-        -inf for a row with no key here)."""
-        num_seqs, heads, head_dim = len(group.seq_ids), queries.shape[1], queries.shape[2]
-        padded = queries.new_zeros(num_seqs * group.max_query_len, heads, head_dim, dtype=torch.float32)
-        padded[group.padded_index] = queries[group.token_index].float()
-        padded = padded.view(num_seqs, group.max_query_len, heads, head_dim).transpose(1, 2)
-        # [2, seqs, blocks * rank block, 1, D] -> the first local_keys local indices of the one KV head.
-        history = kv_cache[:, block_tables[group.seq_ids]].flatten(2, 3)[:, :, : group.local_keys, 0].float()
-        scores = torch.einsum("bhqd,bkd->bhqk", padded, history[0]) * scale
-        scores = scores.masked_fill(~group.key_mask, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)
-        weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1))
-        attended = torch.einsum("bhqk,bkd->bhqd", weights, history[1])
-        rows = attended.transpose(1, 2).reshape(-1, heads, head_dim)[group.padded_index]
-        return rows, lse.transpose(1, 2).reshape(-1, heads)[group.padded_index]
+
+class DecodeContextParallelBackend(DCPShares, AttentionBackend):
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: DCPMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+        """query [T, Hq, D] (this rank's heads), key/value [T, 1, D] (the group's KV head) -> [T, Hq, D]."""
+        pages = kv_cache.flatten(1, 2)  # [2, slots, Hkv, D]
+        pages[0].index_copy_(0, metadata.write_slots, key[metadata.write_tokens].to(kv_cache.dtype))
+        pages[1].index_copy_(0, metadata.write_slots, value[metadata.write_tokens].to(kv_cache.dtype))
+
+        def history(group: DCPGroup) -> tuple[torch.Tensor, torch.Tensor]:
+            # [2, seqs, blocks * rank block, 1, D] -> the first local_keys local indices of the one KV head.
+            shares = kv_cache[:, metadata.block_tables[group.seq_ids]].flatten(2, 3)[:, :, : group.local_keys, 0]
+            return shares[0], shares[1]
+
+        return self.attend_shares(query, metadata, scale, value.shape[-1], history).to(query.dtype)
