@@ -105,6 +105,11 @@ class ServerArgs:
                                               "every sequence's KV by position, so a request's context can be that "
                                               "many times longer; attention merges exactly. See "
                                               "docs/parallelism.md.", "aliases": ("--dcp", "--dcp-size", "-dcp")})
+    prefill_context_parallel_size: int = field(default=1, metadata={"help": "Prefill context parallelism: this "
+                                               "many replicas of the tensor-parallel group split every step's tokens "
+                                               "(zig-zag pieces of each prompt), exchange K/V by all-gather and "
+                                               "each keep every token's KV. See docs/parallelism.md.",
+                                               "aliases": ("--pcp", "--pcp-size", "-pcp")})
     enable_expert_parallel: bool = field(default=False, metadata={"help": "Partition MoE experts over the "
                                          "tensor-parallel ranks (EP size = TP size) instead of splitting each "
                                          "expert; tokens reach their experts by all-to-all."})
@@ -311,6 +316,7 @@ class ServerArgs:
                                   node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
                                   pipeline_parallel_size=self.pipeline_parallel_size,
                                   decode_context_parallel_size=self.decode_context_parallel_size,
+                                  prefill_context_parallel_size=self.prefill_context_parallel_size,
                                   pp_layer_partition=_int_tuple(self.pp_layer_partition, "--pp-layer-partition"))
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
@@ -326,6 +332,8 @@ class ServerArgs:
         dcp = parallel.decode_context_parallel_size
         if dcp > 1:
             self._check_dcp_features(dcp, parallel, speculative, kv_transfer)
+        if parallel.prefill_context_parallel_size > 1:
+            self._check_pcp_features(parallel, speculative, kv_transfer, lora is not None)
         cache = CacheConfig(
             # With decode context parallelism a block's tokens are shared out: --block-size per rank, as vLLM.
             block_size=self.block_size * dcp,
@@ -387,9 +395,21 @@ class ServerArgs:
         refusals += [(True, f"--op-backend {op}={backend}", "a rank's share is attended by the attention_lse op "
                       "(it returns the log-sum-exp the merge needs), so pin attention_lse instead")
                      for op, backend in self.op_backends().items() if op in ("attention", "mla_attention")]
-        for refused, other, why in refusals:
-            if refused:
-                raise ValueError(f"{flag} with {other}: {why}; drop one of the flags")
+        _refuse_combinations(flag, refusals)
+
+    def _check_pcp_features(self, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
+                            kv_transfer: KVTransferConfig | None, lora: bool) -> None:
+        """What prefill context parallelism cannot run with yet, refused at start with the reason."""
+        flag = f"--prefill-context-parallel-size {parallel.prefill_context_parallel_size}"
+        refusals = [
+            (speculative is not None, "--speculative-config", "drafts are proposed over the whole step's hidden "
+             "states on one rank"),
+            (lora, "--enable-lora", "adapter rows follow the whole step's tokens, a rank computes its pieces"),
+            (kv_transfer is not None, "--kv-transfer-config", "not combined yet"),
+            (parallel.eplb is not None, "--enable-eplb", "expert rebalancing moves experts between world ranks"),
+            (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the gathered K/V are written as floats"),
+        ]
+        _refuse_combinations(flag, refusals)
 
     def _lora_config(self, speculative: SpeculativeConfig | None, kv_transfer: KVTransferConfig | None,
                      served_model_name: str) -> LoRAConfig | None:
@@ -468,6 +488,13 @@ def _int_tuple(text: str | None, flag: str) -> tuple[int, ...] | None:
         return tuple(int(item) for item in text.split(","))
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def _refuse_combinations(flag: str, refusals: list[tuple[bool, str, str]]) -> None:
+    """Raise for the first (refused, other flag, why) that holds."""
+    for refused, other, why in refusals:
+        if refused:
+            raise ValueError(f"{flag} with {other}: {why}; drop one of the flags")
 
 
 def _check_pipeline_features(parallel: ParallelConfig, speculative: SpeculativeConfig | None,

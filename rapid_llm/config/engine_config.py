@@ -45,6 +45,7 @@ class EngineConfig:
             "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
             "pp_layer_partition": self.parallel.pp_layer_partition,
             "decode_context_parallel_size": self.parallel.decode_context_parallel_size,
+            "prefill_context_parallel_size": self.parallel.prefill_context_parallel_size,
             "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,

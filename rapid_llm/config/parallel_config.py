@@ -38,8 +38,9 @@ PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCaus
                                              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 PP_FLAG = "--pipeline-parallel-size"
 DCP_FLAG = "--decode-context-parallel-size"
+PCP_FLAG = "--prefill-context-parallel-size"
 # Full attention (K and V per head, no sliding window) or MLA's latent: the architectures pipelines split.
-DECODE_CONTEXT_PARALLEL_ARCHITECTURES = PIPELINE_PARALLEL_ARCHITECTURES
+CONTEXT_PARALLEL_ARCHITECTURES = PIPELINE_PARALLEL_ARCHITECTURES
 TENSOR_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                            "Qwen3ForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
                                            "Qwen3_5ForCausalLM"}
@@ -60,6 +61,7 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     pp_layer_partition: tuple[int, ...] | None = None  # decoder layers per stage (None: an even split)
     decode_context_parallel_size: int = 1  # blocks of TP ranks sharing KV heads split each sequence's tokens
+    prefill_context_parallel_size: int = 1  # replicas of the TP group that split every step's tokens
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -69,6 +71,12 @@ class ParallelConfig:
         if dcp < 1 or self.tensor_parallel_size % dcp:
             raise ValueError(f"{DCP_FLAG} {dcp} must be at least 1 and divide {FLAG} {self.tensor_parallel_size} "
                              "(its ranks are tensor-parallel ranks that hold the same KV heads)")
+        pcp = self.prefill_context_parallel_size
+        if pcp < 1:
+            raise ValueError(f"{PCP_FLAG} must be at least 1, got {pcp}")
+        if pcp > 1 and (self.pipeline_parallel_size > 1 or dcp > 1):
+            raise ValueError(f"{PCP_FLAG} {pcp} with {PP_FLAG} or {DCP_FLAG} > 1: not combined yet (each PCP rank "
+                             "holds every token's KV of the whole model); drop one of the flags")
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
@@ -103,7 +111,8 @@ class ParallelConfig:
 
     @property
     def result_rank(self) -> int:
-        """The rank that samples and answers the scheduler: the last pipeline stage's first rank."""
+        """The rank that samples and answers the scheduler: the last pipeline stage's first rank (PCP: the first
+        replica's)."""
         return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
 
     @property
@@ -113,8 +122,13 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks of one replica's torch.distributed group (over every node and pipeline stage)."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """Ranks of one replica's torch.distributed group (over every node, pipeline stage and PCP rank)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.prefill_context_parallel_size
+
+    @property
+    def ranks_per_stage(self) -> int:
+        """Ranks of one pipeline stage: its tensor-parallel group, times the PCP ranks (which run without stages)."""
+        return self.tensor_parallel_size * self.prefill_context_parallel_size
 
     @property
     def local_ranks(self) -> range:
@@ -135,7 +149,10 @@ class ParallelConfig:
         if self.pipeline_parallel_size > 1:
             self._check_pipeline_model(model)
         if self.decode_context_parallel_size > 1:
-            self._check_dcp_model(model)
+            self._check_context_model(model, DCP_FLAG, self.decode_context_parallel_size)
+            self._check_dcp_heads(model)
+        if self.prefill_context_parallel_size > 1:
+            self._check_context_model(model, PCP_FLAG, self.prefill_context_parallel_size)
         if self.enable_expert_parallel and model.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"{EP_FLAG}: {model.architecture} has no experts to partition (expert parallelism "
                              f"serves {', '.join(sorted(MOE_ARCHITECTURES))})")
@@ -170,21 +187,25 @@ class ParallelConfig:
                              f"{', '.join(sorted(PIPELINE_PARALLEL_ARCHITECTURES))}); serve it with {PP_FLAG} 1")
         layer_partition(model.hf_config.num_hidden_layers, pp, self.pp_layer_partition)
 
-    def _check_dcp_model(self, model: ModelConfig) -> None:
-        from rapid_llm.config.model_config import attention_kv_heads
-
-        dcp, tp = self.decode_context_parallel_size, self.tensor_parallel_size
-        if model.architecture not in DECODE_CONTEXT_PARALLEL_ARCHITECTURES:
-            served = ", ".join(sorted(DECODE_CONTEXT_PARALLEL_ARCHITECTURES))
-            raise ValueError(f"{DCP_FLAG} {dcp}: {model.architecture} is not served with decode context parallelism "
-                             f"yet (only {served})")
+    @staticmethod
+    def _check_context_model(model: ModelConfig, flag: str, size: int) -> None:
+        """Context parallelism serves full attention and MLA without sliding windows."""
+        if model.architecture not in CONTEXT_PARALLEL_ARCHITECTURES:
+            served = ", ".join(sorted(CONTEXT_PARALLEL_ARCHITECTURES))
+            raise ValueError(f"{flag} {size}: {model.architecture} is not served with context parallelism yet "
+                             f"(only {served})")
         config = model.hf_config
         layer_types = getattr(config, "layer_types", None)
         # As models/llama.py reads windows: per layer from layer_types, else the model-wide sliding_window.
         windowed = ("sliding_attention" in layer_types if layer_types is not None
                     else getattr(config, "sliding_window", None) is not None)
         if windowed:
-            raise ValueError(f"{DCP_FLAG} {dcp}: sliding-window attention is not split over DCP ranks yet")
+            raise ValueError(f"{flag} {size}: sliding-window attention is not split over context-parallel ranks yet")
+
+    def _check_dcp_heads(self, model: ModelConfig) -> None:
+        from rapid_llm.config.model_config import attention_kv_heads
+
+        dcp, tp, config = self.decode_context_parallel_size, self.tensor_parallel_size, model.hf_config
         if getattr(config, "kv_lora_rank", None):
             return  # MLA's latent is one KV head replicated on every tensor-parallel rank
         kv_heads = attention_kv_heads(config)

@@ -3,7 +3,10 @@
 Without pipeline stages the tensor-parallel group is the whole torch.distributed world; with them it is this
 stage's block of ranks (distributed/pipeline.py), a group `process_group.init_worker_group` creates and records
 here before the model is built. With decode context parallelism, blocks of N consecutive tensor-parallel ranks
-(which hold the same KV heads) form a DCP group each: they split every sequence's tokens, not its heads. Layers read the size when they shard weights. Without a group (one rank) every
+(which hold the same KV heads) form a DCP group each: they split every sequence's tokens, not its heads. With
+prefill context parallelism the world is P tensor-parallel groups of whole-model replicas; the ranks with the same
+tensor-parallel rank form a PCP group each, which splits every step's tokens (distributed/prefill_context.py).
+Layers read the size when they shard weights. Without a group (one rank) every
 collective is the identity and torch.distributed is never touched. Every collective is timed
 (`collective_timer.py`).
 """
@@ -46,6 +49,26 @@ def get_dcp_rank() -> int:
 
 def get_dcp_size() -> int:
     return dist.get_world_size(_dcp_group) if _dcp_group is not None else 1
+
+
+_pcp_group: dist.ProcessGroup | None = None  # prefill context parallelism: replicas that split a step's tokens
+
+
+def set_pcp_group(group: dist.ProcessGroup | None) -> None:
+    global _pcp_group
+    _pcp_group = group
+
+
+def get_pcp_group() -> dist.ProcessGroup | None:
+    return _pcp_group
+
+
+def get_pcp_rank() -> int:
+    return dist.get_rank(_pcp_group) if _pcp_group is not None else 0
+
+
+def get_pcp_size() -> int:
+    return dist.get_world_size(_pcp_group) if _pcp_group is not None else 1
 
 
 def get_tp_rank() -> int:

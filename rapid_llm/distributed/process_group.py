@@ -7,7 +7,8 @@ every rank calls `init_worker_group` before it builds the model. Backend follows
 one rank nothing is initialised and collectives stay identities. With pipeline stages each stage's block of
 ranks becomes a tensor-parallel group of its own (every rank creates every group, as torch.distributed needs),
 and the stage is recorded for the model to read (`pipeline.py`); with decode context parallelism blocks of
-`dcp_size` ranks form DCP groups. The layers read their tensor-parallel rank and size through `parallel_state.py`.
+`dcp_size` ranks form DCP groups; with prefill context parallelism `pcp_size` tensor-parallel groups of replicas
+and the PCP groups across them. The layers read their tensor-parallel rank and size through `parallel_state.py`.
 Usage: `init_worker_group(rank, world_size, "file:///tmp/.../dist-init", "cpu", stage=PipelineStage(...))`.
 """
 
@@ -16,13 +17,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rapid_llm.distributed.parallel_state import set_dcp_group, set_tp_group
+from rapid_llm.distributed.parallel_state import set_dcp_group, set_pcp_group, set_tp_group
 from rapid_llm.distributed.pipeline import PipelineStage, set_pipeline_stage
 
 
 def init_worker_group(rank: int, world_size: int, init_method: str, device_type: str,
                       local_rank: int | None = None, stage: PipelineStage | None = None,
-                      dcp_size: int = 1) -> None:
+                      dcp_size: int = 1, pcp_size: int = 1) -> None:
     """Make this process rank `rank` of `world_size` (of pipeline `stage`, default the only one); on CUDA its
     current device is cuda:`local_rank` (its device on this node, `ParallelConfig.device_index`; default
     `rank`)."""
@@ -47,6 +48,13 @@ def init_worker_group(rank: int, world_size: int, init_method: str, device_type:
         groups = [dist.new_group(list(range(first, first + stage.tp_size)))
                   for first in range(0, world_size, stage.tp_size)]
         set_tp_group(groups[stage.rank])
+    if pcp_size > 1:
+        # One stage of pcp_size tensor-parallel groups (blocks of tp ranks); a PCP group: one rank of each.
+        tp = world_size // pcp_size
+        tp_groups = [dist.new_group(list(range(first, first + tp))) for first in range(0, world_size, tp)]
+        pcp_groups = [dist.new_group(list(range(tp_rank, world_size, tp))) for tp_rank in range(tp)]
+        set_tp_group(tp_groups[rank // tp])
+        set_pcp_group(pcp_groups[rank % tp])
     if dcp_size > 1:
         # Blocks of consecutive ranks, inside each stage's tensor-parallel group (dcp_size divides tp_size).
         dcp_groups = [dist.new_group(list(range(first, first + dcp_size))) for first in range(0, world_size, dcp_size)]
@@ -56,6 +64,7 @@ def init_worker_group(rank: int, world_size: int, init_method: str, device_type:
 def leave_worker_group() -> None:
     set_tp_group(None)
     set_dcp_group(None)
+    set_pcp_group(None)
     set_pipeline_stage(PipelineStage())
     if dist.is_initialized():
         dist.destroy_process_group()

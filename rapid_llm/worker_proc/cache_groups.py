@@ -25,11 +25,13 @@ import torch
 from torch import nn
 
 from rapid_llm.config import CacheConfig, ModelConfig
+from rapid_llm.distributed.parallel_state import get_pcp_size
 from rapid_llm.layers.attention import PagedAttentionLayer
 from rapid_llm.layers.state_layer import STATE_GROUP, StateLayer
 from rapid_llm.ops.attention.backend import AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.dcp_backend import DecodeContextParallelBackend
 from rapid_llm.ops.attention.dcp_mla_backend import DecodeContextParallelMLABackend
+from rapid_llm.ops.attention.pcp_backend import PrefillContextParallelBackend, PrefillContextParallelMLABackend
 from rapid_llm.ops.attention.kv_quant import backend_reads_kv, kv_format
 from rapid_llm.ops.attention.kv_tables import KVTables, kv_tables
 from rapid_llm.ops.registry import REGISTRY
@@ -42,6 +44,18 @@ logger = logging.getLogger(__name__)
 
 def select_backend(op: str, device: torch.device, model_config: ModelConfig, cache_config: CacheConfig,
                    op_choices: dict[str, dict[str, str]]) -> Any:
+    """The backend serving paged op `op`: `registry_backend`'s, wrapped under prefill context parallelism (each rank
+    attends its share of the step's tokens and writes every token's KV)."""
+    backend = registry_backend(op, device, model_config, cache_config, op_choices)
+    if get_pcp_size() == 1:
+        return backend
+    # Refused at start for models with other paged ops.
+    wrapper = PrefillContextParallelMLABackend if op == "mla_attention" else PrefillContextParallelBackend
+    return wrapper(backend)
+
+
+def registry_backend(op: str, device: torch.device, model_config: ModelConfig, cache_config: CacheConfig,
+                     op_choices: dict[str, dict[str, str]]) -> Any:
     """The registry's backend for a paged op; for a quantized KV cache torch_ref when the chosen one cannot read it
     (triton and the library adapters read only float caches, cpu_paged fp8 but not nvfp4), unless --op-backend
     pinned it. `op_choices` (what the worker reports) records the substitution."""

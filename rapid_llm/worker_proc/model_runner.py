@@ -30,6 +30,8 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
+from rapid_llm.distributed.parallel_state import get_pcp_rank, get_pcp_size
+from rapid_llm.distributed.prefill_context import gather_step_tokens, split_step
 from rapid_llm.distributed.pipeline import (broadcast_sampled, pipeline_stage, recv_from_previous_stage,
                                             send_to_next_stage)
 from rapid_llm.ipc.messages import PooledPrompt
@@ -41,6 +43,7 @@ from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.model_loader import load_model
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
+from rapid_llm.ops.attention.pcp_backend import split_layout
 from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.spec_decode.model_proposer import HiddenStateTap, KVBinding, TargetContext
@@ -109,6 +112,7 @@ class ModelRunner:
         self.compilation = compilation or CompilationConfig()
         self.device = (device_config or DeviceConfig()).torch_device
         self.stage = pipeline_stage()  # the model holds this stage's layers (the whole model without stages)
+        self.pcp_rank, self.pcp_size = get_pcp_rank(), get_pcp_size()  # prefill context parallelism's share
         # Before the model is built: overrides reset every op's cached choice.
         REGISTRY.set_overrides(op_backends or {})
         self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
@@ -456,11 +460,17 @@ class ModelRunner:
             hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
             if hidden_states is not None:
                 return hidden_states
+        # Prefill context parallelism: this rank computes its pieces of the step (None: the whole step).
+        split = (split_step(query_lens, seq_lens, self.pcp_rank, self.pcp_size, self.device) if self.pcp_size > 1
+                 else None)
+        if split is not None:
+            layouts = [split_layout(layout, split) for layout in layouts]
         attention, groups = self.cache_groups.build_metadata(
             layouts, slots, seq_lens - query_lens, query_lens,
             np.zeros_like(slots) if num_drafts is None else num_drafts, state_saves or [()] * len(slots),
             slots_on_device)
-        input_ids = batch.token_pool[slots_on_device[attention.seq_index], attention.positions].long()
+        seq_index = attention.seq_index if split is None else split.piece_seqs[attention.seq_index]
+        input_ids = batch.token_pool[slots_on_device[seq_index], attention.positions].long()
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, attention.seq_index)
         model = self.decode_model if decode else self.model
@@ -468,8 +478,11 @@ class ModelRunner:
         if not self.stage.is_first:
             shape = (2, input_ids.shape[0], self.model_config.hf_config.hidden_size)
             intermediate = recv_from_previous_stage(1, shape, self.model_config.dtype, self.device)[0]
-        hidden_states = model(ForwardBatch(input_ids=input_ids, attention=attention, groups=groups,
-                                           intermediate=intermediate))
+        forward_batch = ForwardBatch(input_ids=input_ids, attention=attention, groups=groups, intermediate=intermediate)
+        if split is not None:
+            forward_batch.token_seq_lens = split.token_seq_lens  # the sequences', not the pieces' lengths
+            return gather_step_tokens(model(forward_batch), split)
+        hidden_states = model(forward_batch)
         if not self.stage.is_last:
             send_to_next_stage([hidden_states])
         return hidden_states

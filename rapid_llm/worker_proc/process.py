@@ -53,10 +53,11 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         parallel = config.parallel
         replica = parallel.data_parallel_rank if parallel.data_parallel_size > 1 else None
         profiler = step_profiler_from_env(rank, replica)  # first: a bad variable fails before the model loads
-        tp = parallel.tensor_parallel_size
-        stage = PipelineStage(rank // tp, parallel.pipeline_parallel_size, parallel.pp_layer_partition, tp)
+        per_stage = parallel.ranks_per_stage
+        stage = PipelineStage(rank // per_stage, parallel.pipeline_parallel_size, parallel.pp_layer_partition,
+                              per_stage)
         init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank), stage,
-                          parallel.decode_context_parallel_size)
+                          parallel.decode_context_parallel_size, parallel.prefill_context_parallel_size)
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
         with building_expert_parallel(layout):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
