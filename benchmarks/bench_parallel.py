@@ -6,16 +6,16 @@ time rank 0 spends in collectives, measured.
 Key design choice: one real server per layout, driven by bench_serving's random workload (the same prompts:
 same seed), so the numbers are what a client sees. A device is a rank: a GPU, or on the CPU one worker
 process with its share of the cores (`--tp 2` on a 2-core host gives each rank one thread). TGS = output
-tokens/s / (tp * pp * dp); efficiency = TGS / TGS of tp1 (1.0 = linear scaling). Collective time is the
+tokens/s / (tp * pp * pcp * dp); efficiency = TGS / TGS of tp1 (1.0 = linear scaling). Collective time is the
 `rapid_llm:collective_seconds` counter (distributed/collective_timer.py: wall time inside every
 all-reduce / all-gather / broadcast of rank 0 of each replica, summed over replicas) read before and after
 the run; its share is that time over the run's duration per replica. On CUDA set
 RAPID_LLM_TIME_COLLECTIVES=1 and pass --server-args=--enforce-eager for it to be non-zero. With pipeline stages
 the reporting rank is the last stage's first rank, and its collective time is mostly the wait for the previous
 stage's hidden states: with TP 1 its share is the pipeline bubble as the last stage sees it.
-Layouts: tpN, ppN, dcpN, dpN and their concatenations (tp2pp2, tp2dcp2, tp2dp2); the JSON's `kv_cache_tokens` is
-the context one request may use (a DCP group holds N times one rank's). Results: a markdown table on stdout and
---out JSON.
+Layouts: tpN, ppN, dcpN, pcpN, dpN and their concatenations (tp2pp2, tp2dcp2, pcp2, tp2dp2); the JSON's
+`kv_cache_tokens` is the context one request may use (a DCP group holds N times one rank's). Results: a markdown
+table on stdout (with mean TTFT, where prefill context parallelism should show) and --out JSON.
 """
 
 from __future__ import annotations
@@ -38,16 +38,17 @@ from benchmarks import bench_serving
 from benchmarks.common.environment import collect_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-_LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dcp(\d+))?(?:dp(\d+))?")
+_LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dcp(\d+))?(?:pcp(\d+))?(?:dp(\d+))?")
 
 
-def parse_layout(text: str) -> tuple[int, int, int, int]:
-    """(tp, pp, dcp, dp): 'tp2' -> (2, 1, 1, 1), 'pp2' -> (1, 2, 1, 1), 'tp2dcp2' -> (2, 1, 2, 1)."""
+def parse_layout(text: str) -> tuple[int, int, int, int, int]:
+    """(tp, pp, dcp, pcp, dp): 'tp2' -> (2, 1, 1, 1, 1), 'pp2' -> (1, 2, 1, 1, 1), 'tp2dcp2' -> (2, 1, 2, 1, 1)."""
     match = _LAYOUT.fullmatch(text.strip())
     if not text.strip() or match is None:
-        raise ValueError(f"layout {text!r} must be tpN, ppN, dcpN, dpN or a concatenation in that order (tp2pp2)")
-    tp, pp, dcp, dp = (int(group or 1) for group in match.groups())
-    return tp, pp, dcp, dp
+        raise ValueError(f"layout {text!r} must be tpN, ppN, dcpN, pcpN, dpN or a concatenation in that order "
+                         "(tp2pp2)")
+    tp, pp, dcp, pcp, dp = (int(group or 1) for group in match.groups())
+    return tp, pp, dcp, pcp, dp
 
 
 def collective_seconds(base_url: str) -> float:
@@ -59,11 +60,11 @@ def collective_seconds(base_url: str) -> float:
 class LayoutServer:
     """`launch_server` at one layout on `port`, healthy once constructed; `close()` stops it."""
 
-    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int, log: Path) -> None:
+    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dcp: int, pcp: int, dp: int, log: Path) -> None:
         self.base_url = f"http://127.0.0.1:{args.port}"
         command = [sys.executable, "-m", "rapid_llm.launch_server", "--model", args.model, "--port", str(args.port),
-                   "--tp", str(tp), "--pp", str(pp), "--dcp", str(dcp), "--dp", str(dp), "--log-level", "info",
-                   *args.server_args.split()]
+                   "--tp", str(tp), "--pp", str(pp), "--dcp", str(dcp), "--pcp", str(pcp), "--dp", str(dp),
+                   "--log-level", "info", *args.server_args.split()]
         self.log = log
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + args.startup_timeout
@@ -86,9 +87,9 @@ class LayoutServer:
             self.process.wait()
 
 
-def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int) -> dict[str, Any]:
-    name = f"tp{tp}pp{pp}" + (f"dcp{dcp}" if dcp > 1 else "") + f"dp{dp}"
-    server = LayoutServer(args, tp, pp, dcp, dp, Path(args.out).with_suffix(f".{name}.log"))
+def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, pcp: int, dp: int) -> dict[str, Any]:
+    name = f"tp{tp}pp{pp}" + (f"dcp{dcp}" if dcp > 1 else "") + (f"pcp{pcp}" if pcp > 1 else "") + f"dp{dp}"
+    server = LayoutServer(args, tp, pp, dcp, pcp, dp, Path(args.out).with_suffix(f".{name}.log"))
     try:
         # Warm up outside the measured window (the counter is read after it).
         for _ in range(2):
@@ -105,9 +106,10 @@ def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int) ->
     finally:
         server.close()
     duration = result["duration"]
-    devices = tp * pp * dp
-    return {"layout": name, "tp": tp, "pp": pp, "dcp": dcp, "dp": dp, "devices": devices,
+    devices = tp * pp * pcp * dp
+    return {"layout": name, "tp": tp, "pp": pp, "dcp": dcp, "pcp": pcp, "dp": dp, "devices": devices,
             "kv_cache_tokens": server_info.get("kv_cache_tokens"), "completed": result["completed"],
+            "mean_ttft_ms": result["mean_ttft_ms"],
             "duration_s": duration, "output_throughput": result["output_throughput"],
             "tgs": result["output_throughput"] / devices, "collective_seconds": collectives,
             "collective_share": collectives / (duration * dp) if duration else 0.0,
@@ -117,12 +119,13 @@ def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, dp: int) ->
 def table(rows: list[dict[str, Any]]) -> str:
     base = next((row["tgs"] for row in rows if row["devices"] == 1), None)
     lines = ["| layout | devices | threads/rank | output tok/s | TGS (tok/s/device) | efficiency vs 1 rank | "
-             "collective s (reporting rank) | share of run |", "|---|---|---|---|---|---|---|---|"]
+             "collective s (reporting rank) | share of run | mean TTFT ms |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         efficiency = f"{row['tgs'] / base:.2f}" if base else "n/a"
         lines.append(f"| {row['layout']} | {row['devices']} | {row['cpu_threads_per_rank'] or '-'} | "
                      f"{row['output_throughput']:.1f} | {row['tgs']:.1f} | {efficiency} | "
-                     f"{row['collective_seconds']:.2f} | {100 * row['collective_share']:.0f}% |")
+                     f"{row['collective_seconds']:.2f} | {100 * row['collective_share']:.0f}% | "
+                     f"{row['mean_ttft_ms']:.0f} |")
     return "\n".join(lines)
 
 
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--layouts", default="tp1,tp2,dp2",
-                        help="Comma-separated tpN, ppN, dcpN, dpN or concatenations (tp2dcp2).")
+                        help="Comma-separated tpN, ppN, dcpN, pcpN, dpN or concatenations (tp2dcp2).")
     parser.add_argument("--port", type=int, default=31777)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)

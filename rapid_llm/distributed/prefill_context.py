@@ -9,8 +9,8 @@ all-gather the step's new K/V (ops/attention/pcp_backend.py) and every rank writ
 gathered, each rank holding every token, and decode needs nothing more. After the last layer the hidden states
 are all-gathered back into step order (`gather_step_tokens`), so logits and sampling are those of one rank.
 A step in which some rank would get no token (fewer new tokens than ranks) runs whole on every rank.
-Key design choice: all-gather, not a ring: every rank must store all the K/V anyway, and an all-gather moves
-each rank's share once (bench_parallel.py measures both, `--pcp-exchange`).
+Key design choice: all-gather, not a ring: every rank must store all the K/V anyway, so both move the same bytes;
+benchmarks/bench_pcp_exchange.py measured gloo's ring faster, but the exchange is ~4 % of a step (docs/parallelism.md).
 Usage: `split = split_step(query_lens, seq_lens, rank, size, device)`; `full = gather_step_tokens(local, split)`.
 """
 

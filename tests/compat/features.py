@@ -51,6 +51,16 @@ Evidence = Callable[[CellRun, bool], "str | None"]
 # The architecture of the tiny random checkpoint a cell runs on where no setting names another.
 DEFAULT_ARCHITECTURE = "LlamaForCausalLM"
 HYBRID_ARCHITECTURE = "Qwen3_5ForCausalLM"
+# Checkpoints a setting may name besides an architecture's own: (architecture, config overrides). Decode context
+# parallelism over TP=2 needs one KV head replicated on both ranks.
+ONE_KV_HEAD = "LlamaForCausalLM-1-kv-head"
+CHECKPOINT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {ONE_KV_HEAD: (DEFAULT_ARCHITECTURE,
+                                                                            {"num_key_value_heads": 1})}
+
+
+def checkpoint_spec(name: str) -> tuple[str, dict[str, Any]]:
+    """(architecture, config overrides) of a checkpoint a setting names."""
+    return CHECKPOINT_VARIANTS.get(name, (name, {}))
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,8 @@ class Setting:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     # SamplingParams fields over the harness's greedy ones, for request-level features.
     request: Mapping[str, Any] = field(default_factory=dict)
-    # The architecture of the tiny random float32 checkpoint a cell with this setting runs on, its engine and its
-    # reference alike (None: DEFAULT_ARCHITECTURE's).
+    # The architecture (or CHECKPOINT_VARIANTS name) of the tiny random float32 checkpoint a cell with this setting
+    # runs on, its engine and its reference alike (None: DEFAULT_ARCHITECTURE's).
     architecture: str | None = None
 
 
@@ -187,6 +197,17 @@ def _staged(run: CellRun, on: bool) -> str | None:
     return None
 
 
+def _context_split(summary_key: str) -> Evidence:
+    def evidence(run: CellRun, on: bool) -> str | None:
+        size = run.summary.get(summary_key)
+        if size != (2 if on else 1):
+            return f"context parallelism is {'on' if on else 'off'}, yet the engine's summary says {summary_key} {size}"
+        return None
+
+    evidence.__doc__ = f"the engine's summary has {summary_key} 2 when on, 1 when off"
+    return evidence
+
+
 def _replicas_used(run: CellRun, on: bool) -> str | None:
     """the router sends requests to both replicas when on; one replica when off"""
     if on and (len(run.routed) != 2 or 0 in run.routed):
@@ -240,7 +261,7 @@ FEATURES: tuple[Feature, ...] = (
             on=Setting("fp8", {"quantization": "fp8"}),
             evidence=_quantized, in_reference=True),
     Feature("tensor_parallel", "tensor parallel",
-            off=Setting("1", {"tensor_parallel_size": 1}),
+            off=Setting("1"),
             on=Setting("2", {"tensor_parallel_size": 2}),
             slow=True),
     Feature("draft_model", "draft-model speculation",
@@ -270,6 +291,15 @@ FEATURES: tuple[Feature, ...] = (
             off=Setting("1", {"pipeline_parallel_size": 1}),
             on=Setting("2", {"pipeline_parallel_size": 2}),
             evidence=_staged, slow=True),
+    # Two TP ranks holding the one KV head split each sequence's tokens (TP=2 whether or not TP is on).
+    Feature("decode_context_parallel", "decode context parallel",
+            off=Setting("1", {"decode_context_parallel_size": 1}),
+            on=Setting("2", {"tensor_parallel_size": 2, "decode_context_parallel_size": 2}, architecture=ONE_KV_HEAD),
+            evidence=_context_split("decode_context_parallel_size"), slow=True),
+    Feature("prefill_context_parallel", "prefill context parallel",
+            off=Setting("1", {"prefill_context_parallel_size": 1}),
+            on=Setting("2", {"prefill_context_parallel_size": 2}),
+            evidence=_context_split("prefill_context_parallel_size"), slow=True),
     # Its reference is the engine with the adapter and every op on its torch reference; that the adapter's tokens
     # equal transformers + PEFT is tests/e2e/test_lora_server.py's.
     Feature("lora", "LoRA adapter",
@@ -289,6 +319,30 @@ _STAGES = ("the engine refuses {flag} with --pipeline-parallel-size > 1 at start
 _STAGED_DRAFTS = _STAGES.format(flag="--speculative-config", why="drafts are proposed and verified on one stage's "
                                 "hidden states and a proposer's own layers are not staged")
 
+_DCP = "the engine refuses --decode-context-parallel-size 2 with {flag} at start-up: {why} (docs/parallelism.md)"
+_DCP_REFUSALS = {
+    "speculative": _DCP.format(flag="--speculative-config", why="drafts are verified by the single-rank backends"),
+    "draft_model": _DCP.format(flag="--speculative-config", why="drafts are verified by the single-rank backends"),
+    "quantization": _DCP.format(flag="--quantization", why="its two TP ranks would slice quantized linears, which "
+                                "tensor parallelism refuses"),
+    "kv_cache_fp8": _DCP.format(flag="--kv-cache-dtype fp8", why="the DCP backend reads float caches only"),
+    "pipeline_parallel": _DCP.format(flag="--pipeline-parallel-size 2", why="not combined yet"),
+    "prefill_context_parallel": _DCP.format(flag="--prefill-context-parallel-size 2", why="not combined yet"),
+    "hybrid_model": "a cell runs on one checkpoint: decode context parallelism's has one KV head, the hybrid "
+                    "model's is Qwen3.5 (whose recurrent layers are not split over context-parallel ranks)",
+}
+_PCP = "the engine refuses --prefill-context-parallel-size 2 with {flag} at start-up: {why} (docs/parallelism.md)"
+_PCP_REFUSALS = {
+    "speculative": _PCP.format(flag="--speculative-config", why="drafts are proposed over the whole step's hidden "
+                               "states on one rank"),
+    "draft_model": _PCP.format(flag="--speculative-config", why="drafts are proposed over the whole step's hidden "
+                               "states on one rank"),
+    "lora": _PCP.format(flag="--enable-lora", why="adapter rows follow the whole step's tokens"),
+    "kv_cache_fp8": _PCP.format(flag="--kv-cache-dtype fp8", why="the gathered K/V are written as floats"),
+    "pipeline_parallel": _PCP.format(flag="--pipeline-parallel-size 2", why="not combined yet"),
+    "hybrid_model": _PCP.format(flag="Qwen3.5", why="recurrent layers are not split over context-parallel ranks"),
+}
+
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(frozenset({"pipeline_parallel", "speculative"}), _STAGED_DRAFTS),
     Unsupported(frozenset({"pipeline_parallel", "draft_model"}), _STAGED_DRAFTS),
@@ -297,6 +351,8 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(frozenset({"pipeline_parallel", "hybrid_model"}),
                 "the engine refuses --pipeline-parallel-size > 1 for Qwen3.5 at start-up: only the Llama family's "
                 "decoder stack is split into stages (docs/parallelism.md)"),
+    *(Unsupported(frozenset({"decode_context_parallel", other}), reason) for other, reason in _DCP_REFUSALS.items()),
+    *(Unsupported(frozenset({"prefill_context_parallel", other}), reason) for other, reason in _PCP_REFUSALS.items()),
     Unsupported(frozenset({"speculative", "lora"}), _LORA_DRAFTS),
     Unsupported(frozenset({"draft_model", "lora"}), _LORA_DRAFTS),
     Unsupported(frozenset({"tensor_parallel", "quantization"}),

@@ -44,7 +44,7 @@ from rapid_llm.ipc.sockets import Receiver
 from benchmarks.common.lora_adapters import ATTENTION, MLP, random_adapter
 from rapid_llm.sampling.lora_request import LoRARequest
 from tests.compat.features import (DEFAULT_ARCHITECTURE, FEATURES, TARGET_ADAPTER, TARGET_CHECKPOINT, UNSUPPORTED,
-                                   CellRun, Feature, Unsupported)
+                                   CellRun, Feature, Unsupported, checkpoint_spec)
 from tests.hf_reference import hf_greedy, hf_model
 from tests.op_pins import ALL_REFERENCE
 
@@ -62,8 +62,9 @@ FP8_NEAR_TIE_NATS = 0.25
 FP8_FEATURES = frozenset({"quantization", "kv_cache_fp8"})
 
 Combination = tuple[str, ...]  # the names of the features that are on, in FEATURES order
-# An architecture -> the directory of its tiny random float32 checkpoint, built on first use and the same after.
-CheckpointSource = Callable[[str], Path]
+# (architecture, **config overrides) -> the directory of its tiny random float32 checkpoint, built on first use and
+# the same after (a setting's checkpoint name resolves through features.checkpoint_spec).
+CheckpointSource = Callable[..., Path]
 
 
 def prompts() -> list[list[int]]:
@@ -80,7 +81,10 @@ def combinations(features: Sequence[Feature] = FEATURES,
     checkpoint (the hybrid model) off, so the default checkpoint runs every feature together too."""
     names = [feature.name for feature in features]
     result: list[Combination] = [(), *((name,) for name in names), *itertools.combinations(names, 2)]
-    for switched_off in (None, *(feature.name for feature in features if feature.on.architecture)):
+    other_architectures = [feature.name for feature in features
+                           if feature.on.architecture and checkpoint_spec(feature.on.architecture)[0]
+                           != DEFAULT_ARCHITECTURE]
+    for switched_off in (None, *other_architectures):
         kept = [name for name in names if name != switched_off]
         if len(kept) > 2:
             largest = [tuple(kept)]
@@ -262,11 +266,16 @@ class References:
         self._references: dict[tuple[str, Combination], Reference] = {}
         self.runs: dict[Combination, CellRun] = {}
 
+    def checkpoint(self, name: str) -> Path:
+        """The checkpoint a setting names (an architecture or a CHECKPOINT_VARIANTS name)."""
+        architecture, overrides = checkpoint_spec(name)
+        return self.checkpoints(architecture, **overrides)
+
     def get(self, architecture: str = DEFAULT_ARCHITECTURE, kept: Combination = (),
             features: Sequence[Feature] = FEATURES) -> Reference:
         key = (architecture, kept)
         if key not in self._references:
-            checkpoint = self.checkpoints(architecture)
+            checkpoint = self.checkpoint(architecture)
             if not kept:  # the checkpoint is float32, which is what "auto" gives where no feature sets the dtype
                 model = hf_model(checkpoint, torch.float32)
                 self._references[key] = Reference(hf_greedy(model, self.prompt_ids, NEW_TOKENS), None)
@@ -350,7 +359,7 @@ def run_cell(combination: Combination, references: References, features: Sequenc
     architecture = cell_architecture(combination, features)
     kept = reference_features(combination, features)
     try:
-        checkpoint = references.checkpoints(architecture)
+        checkpoint = references.checkpoint(architecture)
         expected = references.get(architecture, kept, features)
     except Exception as error:  # the reference engine refused or crashed: the cell cannot be judged
         return CellResult(combination, "failed", f"reference ({'+'.join((architecture, *kept))}): "

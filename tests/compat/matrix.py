@@ -38,9 +38,13 @@ def parse_combination(text: str) -> Combination:
 
 
 def tiny_checkpoints(directory: Path) -> CheckpointSource:
-    """Each architecture's tiny random float32 checkpoint, built under `directory` when first asked for."""
-    return functools.cache(lambda architecture: build_tiny_checkpoint(directory / architecture, architecture,
-                                                                      torch.float32))
+    """Each architecture's tiny random float32 checkpoint (with config overrides: a variant of it), built under
+    `directory` when first asked for."""
+    def build(architecture: str, **overrides: object) -> Path:
+        name = "-".join([architecture, *(f"{key}={value}" for key, value in sorted(overrides.items()))])
+        return build_tiny_checkpoint(directory / name, architecture, torch.float32, **overrides)
+
+    return functools.cache(build)
 
 
 def run_facts() -> dict[str, str]:

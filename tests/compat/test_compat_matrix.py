@@ -18,7 +18,7 @@ from tests.compat.features import FEATURES, TARGET_CHECKPOINT, UNSUPPORTED, Feat
 from rapid_llm.ipc.messages import TokenLogprobs
 from tests.compat.harness import (FP8_NEAR_TIE_NATS, NEAR_TIE_NATS, CellResult, Reference, References,
                                   _with_checkpoint, cell_architecture, combinations, compare, largest_supported,
-                                  prompts, run_cell, run_matrix, settings)
+                                  prompts, run_cell, run_matrix, settings, unsupported_reason)
 from tests.compat.report import GENERATED_MARK, pair_label, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,17 +117,24 @@ def test_an_unsupported_all_on_adds_the_supported_all_but_one_runs() -> None:
 def test_with_every_pair_of_conflicts_the_largest_supported_combinations_run() -> None:
     names = [feature.name for feature in FEATURES]
     runs = largest_supported(names, UNSUPPORTED)
-    # Left out: tensor parallel or quantization, and two of n-gram, draft-model speculation and structured output;
-    # where draft-model speculation stays, the hybrid model too (a draft with recurrent state is refused); where
-    # either speculation stays, the LoRA adapter and pipeline stages (both refused with a speculative config);
-    # where structured output stays, either pipeline stages or the hybrid model and LoRA (both refused with them).
-    trio = {"speculative", "draft_model", "structured_output"}
-    staged_out = {"structured_output": [{"pipeline_parallel"}, {"hybrid_model", "lora"}],
-                  "speculative": [{"lora", "pipeline_parallel"}],
-                  "draft_model": [{"hybrid_model", "lora", "pipeline_parallel"}]}
-    assert len(runs) == 8 and {frozenset(names) - set(run) for run in runs} == {
-        frozenset({one, *(trio - {other}), *extra})
-        for one in ("tensor_parallel", "quantization") for other in trio for extra in staged_out[other]}
+    # What each run leaves out: n-gram and draft-model speculation never stay together, nor either with structured
+    # output or LoRA, nor tensor parallelism with quantization, nor pipeline stages or either context parallelism
+    # with speculation or the hybrid model, nor the three parallelisms of one sequence (PP, DCP, PCP) together.
+    tp, quant, dcp, pcp, pp = "tensor_parallel", "quantization", "decode_context_parallel", \
+        "prefill_context_parallel", "pipeline_parallel"
+    spec, draft, so, fp8_kv = "speculative", "draft_model", "structured_output", "kv_cache_fp8"
+    left_out = [{dcp, draft, pp, pcp, quant, spec}, {dcp, draft, pp, pcp, spec, tp},
+                {draft, "hybrid_model", fp8_kv, pp, pcp, quant, spec},
+                {dcp, draft, "hybrid_model", "lora", pcp, quant, spec},
+                {dcp, draft, "hybrid_model", "lora", pcp, spec, tp}, {dcp, draft, "lora", pp, pcp, quant, so},
+                {dcp, draft, "lora", pp, pcp, so, tp}, {dcp, draft, "hybrid_model", fp8_kv, "lora", pp, quant, spec},
+                {dcp, "hybrid_model", "lora", pp, pcp, quant, spec, so},
+                {dcp, draft, "hybrid_model", fp8_kv, "lora", pp, spec, tp},
+                {dcp, "hybrid_model", "lora", pp, pcp, spec, so, tp}]
+    assert [set(names) - set(run) for run in runs] == left_out
+    for run in runs:  # each is supported, and adding back anything it leaves out is refused
+        assert unsupported_reason(run, UNSUPPORTED) is None
+        assert all(unsupported_reason((*run, name), UNSUPPORTED) for name in set(names) - set(run))
     default_checkpoint = _all_on_but("hybrid_model")
     default_runs = [run for run in largest_supported(default_checkpoint, UNSUPPORTED) if run not in runs]
     assert combinations()[-2 - len(runs) - len(default_runs):] == [tuple(names), *runs, default_checkpoint,
