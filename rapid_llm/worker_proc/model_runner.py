@@ -472,7 +472,7 @@ class ModelRunner:
         seq_index = attention.seq_index if split is None else split.piece_seqs[attention.seq_index]
         input_ids = batch.token_pool[slots_on_device[seq_index], attention.positions].long()
         if self.step_rows.active:
-            self.step_rows.begin_step(slots_on_device, attention.seq_index)
+            self.step_rows.begin_step(slots_on_device, seq_index)
         model = self.decode_model if decode else self.model
         intermediate = None
         if not self.stage.is_first:

@@ -2,7 +2,8 @@
 (zig-zag pieces of each prompt, decodes spread; distributed/prefill_context.py), all-gather K/V and each keep every
 token's KV (ops/attention/pcp_backend.py). Greedy tokens and logprobs equal transformers' (within 1e-4) on Llama,
 Qwen3-MoE and DeepSeek-V3 (MLA) with chunked prefill, prefix caching, preemption and async scheduling; TP=2 x PCP=2
-too; combinations it cannot serve are refused at start."""
+too; the real server under preemption with PCP and with DCP (test_dcp_golden.py has DCP's other tests);
+combinations it cannot serve are refused at start."""
 
 from __future__ import annotations
 
@@ -31,20 +32,24 @@ def test_tp2_pcp2_matches_transformers(tiny_checkpoint) -> None:
     assert_matches_transformers(tiny_checkpoint("LlamaForCausalLM"), 2, "tp=2 pcp=2", prefill_context_parallel_size=2)
 
 
-def test_pcp2_server_equals_transformers_under_preemption(tiny_checkpoint) -> None:
-    """The real server, four concurrent requests twice (the second round over cached blocks) in a KV cache too small
-    for all four at once, 16-token steps."""
-    checkpoint = tiny_checkpoint("LlamaForCausalLM")
+# 12 blocks of 16 tokens either way (DCP: 8 per rank).
+@pytest.mark.parametrize("layout", [("--pcp", "2"), ("--tp", "2", "--dcp", "2", "--block-size", "8")],
+                         ids=["pcp2", "tp2-dcp2"])
+def test_context_parallel_server_equals_transformers_under_preemption(tiny_checkpoint, layout: tuple[str, ...]) -> None:
+    """The real server (`--pcp 2`, and `--tp 2 --dcp 2` over one KV head), four concurrent requests twice (the
+    second round over cached blocks) in a KV cache too small for all four at once, 16-token steps."""
+    checkpoint = tiny_checkpoint("LlamaForCausalLM", num_key_value_heads=1)
     prompts = random_prompts((40, 45, 37, 42), seed=11)
     expected = hf_greedy(hf_model(checkpoint), prompts, 32)
-    server = ServerProcess("--model", str(checkpoint), "--pcp", "2", "--num-kv-blocks", "12",
-                           "--max-num-batched-tokens", "16", "--max-model-len", "128", "--log-level", "info")
+    server = ServerProcess("--model", str(checkpoint), *layout, "--num-kv-blocks", "12", "--max-num-batched-tokens",
+                           "16", "--max-model-len", "128", "--log-level", "info")
     try:
         for _ in range(2):
             with ThreadPoolExecutor(len(prompts)) as pool:
                 assert list(pool.map(lambda prompt: complete(server, prompt), prompts)) == expected
         info = httpx.get(f"{server.base_url}/server_info", timeout=5).json()
-        assert info["prefill_context_parallel_size"] == 2 and "preempt" in server.log()
+        size_key = "prefill_context_parallel_size" if "--pcp" in layout else "decode_context_parallel_size"
+        assert info[size_key] == 2 and "preempt" in server.log()
     finally:
         server.stop()
 
