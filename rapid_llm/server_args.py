@@ -391,10 +391,6 @@ class ServerArgs:
             (kv_transfer is not None, "--kv-transfer-config", "a transfer moves whole blocks, a rank holds shares"),
             (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the DCP backend reads float caches only"),
         ]
-        # The shares are merged by log-sum-exp, which the single-rank attention backends do not return.
-        refusals += [(True, f"--op-backend {op}={backend}", "a rank's share is attended by the attention_lse op "
-                      "(it returns the log-sum-exp the merge needs), so pin attention_lse instead")
-                     for op, backend in self.op_backends().items() if op in ("attention", "mla_attention")]
         _refuse_combinations(flag, refusals)
 
     def _check_pcp_features(self, parallel: ParallelConfig, speculative: SpeculativeConfig | None,

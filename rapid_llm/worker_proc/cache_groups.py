@@ -60,9 +60,13 @@ def registry_backend(op: str, device: torch.device, model_config: ModelConfig, c
     (triton and the library adapters read only float caches, cpu_paged fp8 but not nvfp4), unless --op-backend
     pinned it. `op_choices` (what the worker reports) records the substitution."""
     if cache_config.context_parallel_size > 1:
-        # Decode context parallelism: each rank holds a share of every block (refused at start for other ops).
-        op_choices[op] = {"backend": "decode_context_parallel",
-                          "reason": f"KV split over {cache_config.context_parallel_size} DCP ranks"}
+        # Decode context parallelism: each rank holds a share of every block (refused at start for other ops). The
+        # shares are merged by log-sum-exp, which the single-rank backends do not return: a pinned one is skipped.
+        reason = f"KV split over {cache_config.context_parallel_size} DCP ranks, each share attended by attention_lse"
+        if op in REGISTRY.overrides:
+            reason += f" (the pinned {REGISTRY.overrides[op]} returns no log-sum-exp to merge by)"
+            logger.warning("op %s: --op-backend %s=%s skipped: %s", op, op, REGISTRY.overrides[op], reason)
+        op_choices[op] = {"backend": "decode_context_parallel", "reason": reason}
         return DecodeContextParallelMLABackend() if op == "mla_attention" else DecodeContextParallelBackend()
     backend = REGISTRY.select(op, device, model_config.dtype_name).fn
     kv_dtype = cache_config.kv_dtype(model_config.dtype)

@@ -42,9 +42,7 @@ def test_layouts_dcp_cannot_serve_are_refused(tiny_checkpoint) -> None:
     for model, args, message in [(llama, {"tensor_parallel_size": 2}, "one KV head replicated"),
                                  (llama, {"tensor_parallel_size": 3}, "divide --tensor-parallel-size 3"),
                                  (lfm2, {"tensor_parallel_size": 2}, "Lfm2ForCausalLM is not served"),
-                                 (llama, {"tensor_parallel_size": 4, "kv_cache_dtype": "fp8"}, "--kv-cache-dtype"),
-                                 (llama, {"tensor_parallel_size": 4, "op_backend": "attention=cpu_paged"},
-                                  "pin attention_lse instead")]:
+                                 (llama, {"tensor_parallel_size": 4, "kv_cache_dtype": "fp8"}, "--kv-cache-dtype")]:
         with pytest.raises(ValueError, match=message):
             ServerArgs(model=model, decode_context_parallel_size=2, **args).engine_config(model)
 
