@@ -32,6 +32,12 @@ def _long_prefill(*args: Any) -> bool:
     return args[-1].max_query_len >= 64
 
 
+def _several_queries_equal_widths(*args: Any) -> bool:
+    """attention_lse(queries [B, H, Q, D], keys [B, K, D], values [B, K, Dv], ...): more than one query per sequence,
+    and values as wide as keys (the fused kernel's condition)."""
+    return args[0].shape[2] > 1 and args[1].shape[-1] == args[2].shape[-1]
+
+
 register_op(name="causal_conv", backend=REFERENCE, fn="rapid_llm.ops.state_conv:causal_conv")
 register_op(name="causal_conv", backend="torch_decode", fn="rapid_llm.ops.state_conv:causal_conv_decode", priority=5,
             conditions={"predicate": _one_token_each})
@@ -119,6 +125,8 @@ register_op(name="mla_attention", backend="torch_absorbed",
 # attention_lse(queries, keys, values, key_mask, scale) -> (output, log-sum-exp): attention over one share of the
 # keys, for backends that merge shares (decode context parallelism); a kernel without the log-sum-exp cannot serve.
 register_op(name="attention_lse", backend=REFERENCE, fn="rapid_llm.ops.attention.lse_attention:attention_lse")
+register_op(name="attention_lse", backend="cpu_flash", fn="rapid_llm.ops.attention.lse_attention:attention_lse_flash",
+            priority=10, conditions={"device": "cpu", "predicate": _several_queries_equal_widths})
 # DeepSeek-V4's sliding + compressed sparse attention with sinks over one paged row per token: DeepseekV4Backends
 # (rapid_llm/ops/attention/dsv4_backend.py), selected once like the others.
 register_op(name="dsv4_attention", backend=REFERENCE,

@@ -29,8 +29,10 @@ class DecodeContextParallelMLABackend(DCPShares, MLABackend):
         absorbed = torch.cat((torch.einsum("thn,hnl->thl", query_nope, key_rows), query_rope), dim=-1)
 
         def history(group: DCPGroup) -> tuple[torch.Tensor, torch.Tensor]:
+            # Values are the latent's kv_lora_rank part: attend the whole latent (keys and values as wide, as a fused
+            # kernel needs) and keep that part of the output.
             shares = kv_cache[metadata.block_tables[group.seq_ids]].flatten(1, 2)[:, : group.local_keys]
-            return shares, shares[..., : dims.kv_lora_rank]
+            return shares, shares
 
-        attended = self.attend_shares(absorbed, metadata, scale, dims.kv_lora_rank, history)  # [T, H, kv_lora_rank]
+        attended = self.attend_shares(absorbed, metadata, scale, dims.latent_dim, history)[..., : dims.kv_lora_rank]
         return torch.einsum("thl,hvl->thv", attended, value_rows).to(query.dtype)
