@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import re
 import signal
 import socket
@@ -20,10 +21,25 @@ from pathlib import Path
 import httpx
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing is bound to, below the kernel's ephemeral range and never the same twice in one test process.
+    A port from bind(0) lies in that range, where an engine's own outgoing connections and gloo's sockets take
+    theirs, so one of them could grab it before the server under test binds it (a CI run failed so)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10000, low), 200):
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in [10000, {low}) after 200 tries")
 
 
 def child_pids(pid: int) -> list[int]:
