@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import rapid_llm
 
+from rapid_llm.config.flag_conflicts import refuse_combinations
 from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
 from rapid_llm.quantization.registry import online_names
 
 if TYPE_CHECKING:
     from rapid_llm.config.kv_transfer_config import KVTransferConfig
     from rapid_llm.config.lora_config import LoRAConfig
+    from rapid_llm.config.micro_batch_config import MicroBatchConfig
+    from rapid_llm.config.model_config import ModelConfig
     from rapid_llm.config.parallel_config import ParallelConfig
     from rapid_llm.config.speculative_config import SpeculativeConfig
 
@@ -180,6 +183,13 @@ class ServerArgs:
     enable_torch_compile: bool = field(default=False, metadata={"help": "Compile the model forward of decode "
                                        "steps with torch.compile (inductor); the first steps of each shape "
                                        "compile."})
+    enable_two_batch_overlap: bool = field(default=False, metadata={"help": "Two-batch overlap (--tp >= 2): "
+                                           "split big steps into two micro-batches whose collectives overlap the "
+                                           "other's compute. See docs/parallelism.md.", "aliases": ("--enable-dbo",)})
+    dbo_decode_token_threshold: int = field(default=32, metadata={"help": "Smallest decode-only step that two-"
+                                            "batch overlap splits."})
+    dbo_prefill_token_threshold: int = field(default=512, metadata={"help": "Smallest step with a prompt that "
+                                             "two-batch overlap splits."})
     speculative_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "Speculative "
                                   "decoding as vLLM spells it, a JSON object: {\"method\": \"ngram\", "
                                   "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4} "
@@ -376,10 +386,30 @@ class ServerArgs:
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
             # EP's all-to-all reads its split sizes on the host, which a CUDA graph cannot capture: eager decode.
             compilation=CompilationConfig(self.enforce_eager or parallel.expert_parallel_size > 1,
-                                          self.cuda_graph_max_bs, self.enable_torch_compile),
+                                          self.cuda_graph_max_bs, self.enable_torch_compile,
+                                          self._two_batch_overlap(parallel, model, speculative, kv_transfer, lora)),
             parallel=parallel,
         )
 
+
+    def _two_batch_overlap(self, parallel: ParallelConfig, model: ModelConfig, speculative: SpeculativeConfig | None,
+                           kv_transfer: KVTransferConfig | None, lora: LoRAConfig | None) -> MicroBatchConfig | None:
+        from rapid_llm.config.micro_batch_config import MicroBatchConfig, check_two_batch_overlap
+        from rapid_llm.config.parallel_config import PIPELINE_PARALLEL_ARCHITECTURES
+        from rapid_llm.spec_decode.registry import runs_in_worker
+
+        if not self.enable_two_batch_overlap:
+            return None
+        check_two_batch_overlap(parallel.tensor_parallel_size, model.architecture in PIPELINE_PARALLEL_ARCHITECTURES, [
+            (parallel.pipeline_parallel_size > 1, "--pipeline-parallel-size > 1", "not combined yet"),
+            (parallel.decode_context_parallel_size > 1 or parallel.prefill_context_parallel_size > 1,
+             "decode/prefill context parallelism", "their attention's collectives are not split yet"),
+            (speculative is not None and runs_in_worker(speculative.method), "a draft-model/EAGLE/MTP "
+             "--speculative-config", "the proposer reads the target's hidden states of the whole step"),
+            (lora is not None, "--enable-lora", "adapters are read per token of the whole step"),
+            (kv_transfer is not None, "--kv-transfer-config", "not combined yet"),
+        ])
+        return MicroBatchConfig(self.dbo_decode_token_threshold, self.dbo_prefill_token_threshold)
 
     def _check_dcp_features(self, dcp: int, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
                             kv_transfer: KVTransferConfig | None) -> None:
@@ -391,7 +421,7 @@ class ServerArgs:
             (kv_transfer is not None, "--kv-transfer-config", "a transfer moves whole blocks, a rank holds shares"),
             (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the DCP backend reads float caches only"),
         ]
-        _refuse_combinations(flag, refusals)
+        refuse_combinations(flag, refusals)
 
     def _check_pcp_features(self, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
                             kv_transfer: KVTransferConfig | None, lora: bool) -> None:
@@ -405,7 +435,7 @@ class ServerArgs:
             (parallel.eplb is not None, "--enable-eplb", "expert rebalancing moves experts between world ranks"),
             (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the gathered K/V are written as floats"),
         ]
-        _refuse_combinations(flag, refusals)
+        refuse_combinations(flag, refusals)
 
     def _lora_config(self, speculative: SpeculativeConfig | None, kv_transfer: KVTransferConfig | None,
                      served_model_name: str) -> LoRAConfig | None:
@@ -484,13 +514,6 @@ def _int_tuple(text: str | None, flag: str) -> tuple[int, ...] | None:
         return tuple(int(item) for item in text.split(","))
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
-
-
-def _refuse_combinations(flag: str, refusals: list[tuple[bool, str, str]]) -> None:
-    """Raise for the first (refused, other flag, why) that holds."""
-    for refused, other, why in refusals:
-        if refused:
-            raise ValueError(f"{flag} with {other}: {why}; drop one of the flags")
 
 
 def _check_pipeline_features(parallel: ParallelConfig, speculative: SpeculativeConfig | None,

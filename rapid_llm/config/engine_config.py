@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgspec
@@ -57,6 +57,8 @@ class EngineConfig:
             "enforce_eager": self.compilation.enforce_eager,
             "cuda_graph_max_bs": self.compilation.cuda_graph_max_bs,
             "enable_torch_compile": self.compilation.enable_torch_compile,
+            "two_batch_overlap": (None if self.compilation.two_batch_overlap is None
+                                  else asdict(self.compilation.two_batch_overlap)),
             "speculative_config": (None if self.scheduler.speculative is None
                                    else msgspec.structs.asdict(self.scheduler.speculative)),
             "lora": None if self.scheduler.lora is None else msgspec.to_builtins(self.scheduler.lora),

@@ -6,7 +6,9 @@ whole cost, including waiting for the slowest rank. On CUDA (NCCL) a collective 
 totals stay zero unless RAPID_LLM_TIME_COLLECTIVES=1, which synchronizes the device before and after each one
 (measurement only: it removes the overlap it measures, and CUDA graph replays bypass it; use
 --enforce-eager). Rank 0 reports its totals with every step result; they reach /metrics as
-`rapid_llm:collective_seconds` and `rapid_llm:collective_calls`.
+`rapid_llm:collective_seconds` and `rapid_llm:collective_calls`. Under two-batch overlap
+(micro_batch_overlap.py) only the exposed part is counted: issuing a collective and waiting for it, not the
+other micro-batch's turn in between.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def _mode(device_type: str) -> str:
 
 
 @contextmanager
-def timed(device: torch.device) -> Iterator[None]:
+def timed(device: torch.device, count: bool = True) -> Iterator[None]:
+    """Add the wall time inside to the totals, and one call unless `count` is False (the wait of a call counted
+    when it was issued)."""
     mode = _mode(device.type)
     if mode == "off":
         yield
@@ -44,7 +48,7 @@ def timed(device: torch.device) -> Iterator[None]:
     if mode == "synchronized":
         torch.cuda.synchronize(device)
     _totals["seconds"] += time.perf_counter() - start
-    _totals["calls"] += 1
+    _totals["calls"] += count
 
 
 def collective_totals() -> tuple[float, int]:

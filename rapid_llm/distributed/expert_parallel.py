@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rapid_llm.config.eplb_config import EPLBConfig
+from rapid_llm.distributed.micro_batch_overlap import run_collective
 from rapid_llm.distributed.parallel_state import get_tp_group, get_tp_size
 
 
@@ -81,8 +82,10 @@ def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int],
     if get_tp_size() == 1:
         return tensor  # one rank keeps every pair (the op's single-process case, rapid_llm/ops/op_cases.py)
     output = tensor.new_empty((output_rows, *tensor.shape[1:]))
-    dist.all_to_all_single(output, tensor.contiguous(), output_split_sizes=output_splits,
-                           input_split_sizes=input_splits, group=get_tp_group())
+    contiguous = tensor.contiguous()
+    run_collective(tensor.device, lambda async_op: dist.all_to_all_single(
+        output, contiguous, output_split_sizes=output_splits, input_split_sizes=input_splits, group=get_tp_group(),
+        async_op=async_op))
     return output
 
 

@@ -8,7 +8,8 @@ prefill context parallelism the world is P tensor-parallel groups of whole-model
 tensor-parallel rank form a PCP group each, which splits every step's tokens (distributed/prefill_context.py).
 Layers read the size when they shard weights. Without a group (one rank) every
 collective is the identity and torch.distributed is never touched. Every collective is timed
-(`collective_timer.py`).
+(`collective_timer.py`); all-reduce and all-gather, inside a two-batch-overlap micro-batch, are issued asynchronously
+(`micro_batch_overlap.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rapid_llm.distributed.collective_timer import timed
+from rapid_llm.distributed.micro_batch_overlap import run_collective
 
 
 _tp_group: dist.ProcessGroup | None = None  # None: the whole world
@@ -82,8 +84,7 @@ def get_tp_size() -> int:
 def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over the ranks, in place."""
     if get_tp_size() > 1:
-        with timed(tensor.device):
-            dist.all_reduce(tensor, group=_tp_group)
+        run_collective(tensor.device, lambda async_op: dist.all_reduce(tensor, group=_tp_group, async_op=async_op))
     return tensor
 
 
@@ -113,6 +114,7 @@ def tp_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if size == 1:
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(size)]
-    with timed(tensor.device):
-        dist.all_gather(parts, tensor.contiguous(), group=_tp_group)
+    contiguous = tensor.contiguous()
+    run_collective(tensor.device, lambda async_op: dist.all_gather(parts, contiguous, group=_tp_group,
+                                                                   async_op=async_op))
     return torch.cat(parts, dim=dim)

@@ -11,7 +11,8 @@ and decodes; only a request whose computed tokens reach the end of what it knows
 bitmask and logit_bias). A chunk with drafts samples at each of its 1 + k positions and keeps what the rejection
 sampler accepts plus one target token (`_sample_speculative`); a worker-side proposer (`drafting.py`) runs after
 every step. `step_rows`: per-request values wrapped layers read per token (layers/step_rows.py), e.g. each
-token's LoRA adapter slot (`lora`, lora/adapter_slots.py).
+token's LoRA adapter slot (`lora`, lora/adapter_slots.py). With two-batch overlap a big step runs as two
+micro-batches (`micro_batches.py`) interleaved at their collectives (distributed/micro_batch_overlap.py).
 `execute(requests)` runs fully described requests (tests and benchmarks): it brings the rows up to date first.
 """
 
@@ -30,8 +31,9 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
+from rapid_llm.distributed.micro_batch_overlap import run_two
 from rapid_llm.distributed.parallel_state import get_pcp_rank, get_pcp_size
-from rapid_llm.distributed.prefill_context import gather_step_tokens, split_step
+from rapid_llm.distributed.prefill_context import TokenSplit, gather_step_tokens, split_step
 from rapid_llm.distributed.pipeline import (broadcast_sampled, pipeline_stage, recv_from_previous_stage,
                                             send_to_next_stage)
 from rapid_llm.ipc.messages import PooledPrompt
@@ -56,6 +58,7 @@ from rapid_llm.worker_proc.cuda_graphs import DecodeBuffers, DecodeGraphs, captu
 from rapid_llm.worker_proc.deferred_output import PendingOutput, StepOutput
 from rapid_llm.worker_proc.drafting import Drafting
 from rapid_llm.worker_proc.input_batch import InputBatch
+from rapid_llm.worker_proc.micro_batches import split_micro_batches
 from rapid_llm.worker_proc.prompt_logprobs import score_prompts
 from rapid_llm.worker_proc.prompt_pooling import PromptPooling
 from rapid_llm.worker_proc.stage_tokens import StageTokens
@@ -445,22 +448,47 @@ class ModelRunner:
                  state_saves: Sequence[Sequence[tuple[int, int]]] = ()) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the step's new tokens (`num_drafts`: per chunk, the drafts it
         verifies; `state_saves`: per chunk, the state snapshots it keeps; none by default)."""
+        decode = int(query_lens.max()) == 1
+        # A graph would replay the step rows of its capture: with any column, decodes run eagerly.
+        if decode and self.decode_graphs is not None and not self.step_rows.active:
+            layouts, slots_on_device = self._layouts(slots, query_lens, seq_lens)
+            common = build_common_metadata(layouts[0], self.device)
+            tokens = self.input_batch.token_pool[slots_on_device, common.positions].long()
+            hidden_states = self.decode_graphs.run(tokens, common)
+            if hidden_states is not None:
+                return hidden_states
+        model = self.decode_model if decode else self.model
+        overlap = self.compilation.two_batch_overlap
+        if overlap is not None and overlap.splits(int(query_lens.sum()), decode):
+            # Models with a state group are refused at start: no drafts or snapshots to split.
+            batches = [self._forward_batch(slots[half.rows], half.query_lens, half.seq_lens, None, ())[0]
+                       for half in split_micro_batches(query_lens, seq_lens)]
+            return torch.cat(run_two([partial(model, forward_batch) for forward_batch in batches], self.device))
+        forward_batch, split = self._forward_batch(slots, query_lens, seq_lens, num_drafts, state_saves)
+        if split is not None:
+            return gather_step_tokens(model(forward_batch), split)
+        hidden_states = model(forward_batch)
+        if not self.stage.is_last:
+            send_to_next_stage([hidden_states])
+        return hidden_states
+
+    def _layouts(self, slots: np.ndarray, query_lens: np.ndarray,
+                 seq_lens: np.ndarray) -> tuple[list[StepLayout], torch.Tensor]:
+        """The step's layout over each KV table, and the chunks' slots on the device."""
         batch = self.input_batch
         width = int(batch.num_blocks[slots].max()) or 1
         slots_on_device = to_device([torch.from_numpy(slots)], self.device)[0]
         query_list, seq_list, slot_list = query_lens.tolist(), seq_lens.tolist(), slots.tolist()
         tables = batch.block_tables[:, slots_on_device, :width]
-        layouts = [StepLayout(query_list, seq_list, [host[slot] for slot in slot_list], self.cache_config.block_size,
-                              block_table=tables[table]) for table, host in enumerate(batch.host_tables)]
-        layout = layouts[0]
-        decode = int(query_lens.max()) == 1
-        # A graph would replay the step rows of its capture: with any column, decodes run eagerly.
-        if decode and self.decode_graphs is not None and not self.step_rows.active:
-            common = build_common_metadata(layout, self.device)
-            hidden_states = self.decode_graphs.run(batch.token_pool[slots_on_device, common.positions].long(), common)
-            if hidden_states is not None:
-                return hidden_states
-        # Prefill context parallelism: this rank computes its pieces of the step (None: the whole step).
+        return [StepLayout(query_list, seq_list, [host[slot] for slot in slot_list], self.cache_config.block_size,
+                           block_table=tables[table]) for table, host in enumerate(batch.host_tables)], slots_on_device
+
+    def _forward_batch(self, slots: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                       num_drafts: np.ndarray | None, state_saves: Sequence[Sequence[tuple[int, int]]]
+                       ) -> tuple[ForwardBatch, TokenSplit | None]:
+        """The model's input for these chunks, and this rank's prefill-context-parallel share (None: the whole)."""
+        batch = self.input_batch
+        layouts, slots_on_device = self._layouts(slots, query_lens, seq_lens)
         split = (split_step(query_lens, seq_lens, self.pcp_rank, self.pcp_size, self.device) if self.pcp_size > 1
                  else None)
         if split is not None:
@@ -473,7 +501,6 @@ class ModelRunner:
         input_ids = batch.token_pool[slots_on_device[seq_index], attention.positions].long()
         if self.step_rows.active:
             self.step_rows.begin_step(slots_on_device, seq_index)
-        model = self.decode_model if decode else self.model
         intermediate = None
         if not self.stage.is_first:
             shape = (2, input_ids.shape[0], self.model_config.hf_config.hidden_size)
@@ -481,11 +508,7 @@ class ModelRunner:
         forward_batch = ForwardBatch(input_ids=input_ids, attention=attention, groups=groups, intermediate=intermediate)
         if split is not None:
             forward_batch.token_seq_lens = split.token_seq_lens  # the sequences', not the pieces' lengths
-            return gather_step_tokens(model(forward_batch), split)
-        hidden_states = model(forward_batch)
-        if not self.stage.is_last:
-            send_to_next_stage([hidden_states])
-        return hidden_states
+        return forward_batch, split
 
     def _described(self, chunks: Sequence[Chunk]) -> list[ScheduledRequest]:
         """The step's chunks with their requests' prompts and parameters (for prompt logprobs)."""
