@@ -186,9 +186,9 @@ class ServerArgs:
     enable_two_batch_overlap: bool = field(default=False, metadata={"help": "Two-batch overlap (--tp >= 2): "
                                            "split big steps into two micro-batches whose collectives overlap the "
                                            "other's compute. See docs/parallelism.md.", "aliases": ("--enable-dbo",)})
-    dbo_decode_token_threshold: int = field(default=32, metadata={"help": "Smallest decode-only step that two-"
+    dbo_decode_token_threshold: int = field(default=512, metadata={"help": "Smallest decode-only step that two-"
                                             "batch overlap splits."})
-    dbo_prefill_token_threshold: int = field(default=512, metadata={"help": "Smallest step with a prompt that "
+    dbo_prefill_token_threshold: int = field(default=1024, metadata={"help": "Smallest step with a prompt that "
                                              "two-batch overlap splits."})
     speculative_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "Speculative "
                                   "decoding as vLLM spells it, a JSON object: {\"method\": \"ngram\", "

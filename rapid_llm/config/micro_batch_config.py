@@ -2,8 +2,9 @@
 
 A step splits into two micro-batches only when it has at least `decode_token_threshold` tokens (a step of decodes
 only) or `prefill_token_threshold` tokens (any other step): below that, half a batch reads the same weights for half
-the work, and the split costs more than the overlap hides (vLLM's flag names; the defaults are measured in
-docs/parallelism.md). `check` refuses, at start and with the reason, what the split forward does not serve.
+the work and runs the model's fixed per-forward costs twice, which costs more than the overlap hides (vLLM's flag
+names; the defaults are measured, benchmarks/bench_overlap.py, docs/parallelism.md: on 2 CPU cores prefill steps
+gained from 1024 tokens on, decode steps of up to 256 requests never did). `check` refuses, at start and with the reason, what the split forward does not serve.
 Usage: `CompilationConfig(two_batch_overlap=MicroBatchConfig(32, 512))`.
 """
 
@@ -18,8 +19,8 @@ FLAG = "--enable-two-batch-overlap"
 
 @dataclass(frozen=True)
 class MicroBatchConfig:
-    decode_token_threshold: int = 32
-    prefill_token_threshold: int = 512
+    decode_token_threshold: int = 512
+    prefill_token_threshold: int = 1024
 
     def __post_init__(self) -> None:
         for flag, value in (("--dbo-decode-token-threshold", self.decode_token_threshold),

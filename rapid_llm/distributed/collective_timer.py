@@ -20,6 +20,8 @@ from typing import Iterator
 
 import torch
 
+from rapid_llm.distributed.timeline import record
+
 _totals = {"seconds": 0.0, "calls": 0}
 _SYNC_ENV = "RAPID_LLM_TIME_COLLECTIVES"
 
@@ -34,9 +36,9 @@ def _mode(device_type: str) -> str:
 
 
 @contextmanager
-def timed(device: torch.device, count: bool = True) -> Iterator[None]:
+def timed(device: torch.device, count: bool = True, name: str = "collective") -> Iterator[None]:
     """Add the wall time inside to the totals, and one call unless `count` is False (the wait of a call counted
-    when it was issued)."""
+    when it was issued); a started timeline (timeline.py) gets it as a span of `name`."""
     mode = _mode(device.type)
     if mode == "off":
         yield
@@ -47,8 +49,10 @@ def timed(device: torch.device, count: bool = True) -> Iterator[None]:
     yield
     if mode == "synchronized":
         torch.cuda.synchronize(device)
-    _totals["seconds"] += time.perf_counter() - start
+    end = time.perf_counter()
+    _totals["seconds"] += end - start
     _totals["calls"] += count
+    record("issue" if count else "wait", name, start, end)
 
 
 def collective_totals() -> tuple[float, int]:

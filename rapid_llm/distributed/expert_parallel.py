@@ -7,7 +7,8 @@ rank holds the same hidden states after attention. Each rank takes a contiguous 
 weights), computes its experts on what it received, and sends the results back (`combine`). The layer then
 all-reduces, which restores the full batch on every rank.
 The dispatcher is the `expert_all_to_all` op (rapid_llm/ops/catalog.py; the layer selects it for its weights'
-device and dtype), so a GPU library (DeepEP) can register a faster one with the same dispatch/combine. The
+device and dtype), so a GPU library (DeepEP) can register a faster one with the same dispatch/combine; the default
+is replicated_dispatch.py's, which moves nothing (every rank routes every token), this one is its torch_ref. The
 layout reaches the MoE layers while the worker builds the model (`building_expert_parallel`): a context
 variable, as `torch.device(...)` is a context for the same build.
 Usage: `with building_expert_parallel(ExpertParallelLayout(eplb)): model = ...`.
@@ -83,7 +84,7 @@ def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int],
         return tensor  # one rank keeps every pair (the op's single-process case, rapid_llm/ops/op_cases.py)
     output = tensor.new_empty((output_rows, *tensor.shape[1:]))
     contiguous = tensor.contiguous()
-    run_collective(tensor.device, lambda async_op: dist.all_to_all_single(
+    run_collective(tensor.device, "all_to_all", lambda async_op: dist.all_to_all_single(
         output, contiguous, output_split_sizes=output_splits, input_split_sizes=input_splits, group=get_tp_group(),
         async_op=async_op))
     return output
@@ -91,6 +92,10 @@ def _exchange(tensor: torch.Tensor, output_rows: int, output_splits: list[int],
 
 class AllToAllDispatcher:
     """torch.distributed's all_to_all_single over the tensor-parallel group (gloo on CPU, NCCL on CUDA)."""
+
+    def token_range(self, num_tokens: int, rank: int, size: int) -> tuple[int, int]:
+        """The tokens rank `rank` dispatches: its contiguous share."""
+        return token_share(num_tokens, rank, size)
 
     def dispatch(self, hidden: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor,
                  slots_per_rank: int) -> Dispatched:

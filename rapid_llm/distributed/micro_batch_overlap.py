@@ -8,19 +8,21 @@ is fixed (A's first collective, B's first, A's second, ...) and the same on ever
 only the baton holder runs Python or torch ops, so compute never competes with itself while the collectives make
 progress on the backend's threads (gloo) or stream (NCCL). Outside `run_two` a collective blocks as before.
 The collective timer (collective_timer.py) counts the exposed part only: issuing and waiting, not the other
-micro-batch's turn.
-Usage: `first, second = run_two([lambda: model(batch_a), lambda: model(batch_b)])`.
+micro-batch's turn; a started timeline (timeline.py) gets every turn as a span.
+Usage: `first, second = run_two([lambda: model(batch_a), lambda: model(batch_b)], device)`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from rapid_llm.distributed.collective_timer import timed
+from rapid_llm.distributed.timeline import record
 
 
 class Work(Protocol):
@@ -59,26 +61,29 @@ _local = threading.local()
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="micro-batch")
 
 
-def run_collective(device: torch.device, start: Callable[[bool], Work | None]) -> None:
-    """Run a collective: `start(async_op)` issues it. Inside a micro-batch it is issued asynchronously and the other
-    micro-batch runs before this one waits for it; elsewhere it blocks."""
+def run_collective(device: torch.device, name: str, start: Callable[[bool], Work | None]) -> None:
+    """Run the collective `name`: `start(async_op)` issues it. Inside a micro-batch it is issued asynchronously and
+    the other micro-batch runs before this one waits for it; elsewhere it blocks."""
     baton: _Baton | None = getattr(_local, "baton", None)
     if baton is None:
-        with timed(device):
+        with timed(device, name=name):
             start(False)
         return
-    with timed(device):
+    with timed(device, name=name):
         work = start(True)
+    turn_end = time.perf_counter()
+    record("turn", f"micro-batch {_local.index}", _local.turn_start, turn_end)
     baton.hand_over(_local.index)
+    _local.turn_start = time.perf_counter()
     if work is not None:
-        with timed(device, count=False):
+        with timed(device, count=False, name=name):
             work.wait()
 
 
 def _run_micro_batch(baton: _Baton, index: int, forward: Callable[[], torch.Tensor], threads: int,
                      device: torch.device) -> torch.Tensor:
     baton.wait_turn(index)
-    _local.baton, _local.index = baton, index
+    _local.baton, _local.index, _local.turn_start = baton, index, time.perf_counter()
     try:
         # Grad mode and the intra-op thread count are per thread: the step's, not the pool thread's defaults.
         torch.set_num_threads(threads)
@@ -88,6 +93,7 @@ def _run_micro_batch(baton: _Baton, index: int, forward: Callable[[], torch.Tens
             return forward()
     finally:
         _local.baton = None
+        record("turn", f"micro-batch {index}", _local.turn_start, time.perf_counter())
         baton.finish(index)
 
 

@@ -84,7 +84,8 @@ def get_tp_size() -> int:
 def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over the ranks, in place."""
     if get_tp_size() > 1:
-        run_collective(tensor.device, lambda async_op: dist.all_reduce(tensor, group=_tp_group, async_op=async_op))
+        run_collective(tensor.device, "all_reduce",
+                       lambda async_op: dist.all_reduce(tensor, group=_tp_group, async_op=async_op))
     return tensor
 
 
@@ -115,6 +116,6 @@ def tp_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(size)]
     contiguous = tensor.contiguous()
-    run_collective(tensor.device, lambda async_op: dist.all_gather(parts, contiguous, group=_tp_group,
-                                                                   async_op=async_op))
+    run_collective(tensor.device, "all_gather",
+                   lambda async_op: dist.all_gather(parts, contiguous, group=_tp_group, async_op=async_op))
     return torch.cat(parts, dim=dim)

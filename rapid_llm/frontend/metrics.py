@@ -65,6 +65,8 @@ class _SchedulerCounters(Collector):
             ("collective_seconds", "Seconds tensor-parallel rank 0 spent in collectives (summed over replicas).",
              self.stats.collective_seconds),
             ("collective_calls", "Tensor-parallel collectives rank 0 ran.", self.stats.collective_calls),
+            ("two_batch_overlap_steps", "Steps run as two overlapped micro-batches (--enable-two-batch-overlap).",
+             self.stats.micro_batch_steps),
             ("spec_decode_num_disables", "Times a request stopped drafting: acceptance below the threshold.",
              self.stats.spec_decode_num_disables),
             ("spec_decode_num_gate_closes", "Times the speed gate turned speculation off: it measured no gain.",

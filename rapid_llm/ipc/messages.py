@@ -246,6 +246,7 @@ class StepResult(_Message):
     # Rank 0's time in tensor-parallel collectives since start, and their number (distributed/collective_timer.py).
     collective_seconds: float = 0.0
     collective_calls: int = 0
+    micro_batch_steps: int = 0  # rank 0's steps run as two overlapped micro-batches, since start
     draft_token_ids: list[list[int]] = []
     # Wall seconds from the step's launch to its tokens on the host (the scheduler's step cost model learns it).
     step_seconds: float = 0.0
@@ -347,6 +348,7 @@ class SchedulerStats(_Message):
     spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [i]: verifications that accepted draft i
     collective_seconds: float = 0.0  # the latest StepResult's totals
     collective_calls: int = 0
+    micro_batch_steps: int = 0
     spec_decode_num_disables: int = 0  # requests paused by adaptive off (low acceptance)
     spec_decode_num_gate_closes: int = 0  # times the speed gate turned speculation off for the batch
     # Prefill/decode disaggregation, since start: loads that ended in blocks, loads that fell back to a local

@@ -96,6 +96,10 @@ register_op(name="quantized_fused_moe", backend=REFERENCE, fn="rapid_llm.ops.qua
 # expert_all_to_all: an object with dispatch/combine moving (token, k) pairs to the expert-parallel rank of their
 # slot and back (rapid_llm/distributed/expert_parallel.py); torch_ref is torch.distributed's all_to_all_single.
 register_op(name="expert_all_to_all", backend=REFERENCE, fn="rapid_llm.distributed.expert_parallel:TORCH_ALL_TO_ALL")
+# Every rank of the EP group (= the TP group) holds every token and its routing: no exchange, the block's all-reduce
+# combines (rapid_llm/distributed/replicated_dispatch.py).
+register_op(name="expert_all_to_all", backend="replicated_routing",
+            fn="rapid_llm.distributed.replicated_dispatch:REPLICATED_ROUTING", priority=10)
 register_op(name="kv_cache_store", backend=REFERENCE, fn="rapid_llm.ops.attention.backend:write_kv_cache")
 # lora(x, lora_a, lora_b, indices, out): every token's adapter delta added in place into out (ops/multi_lora.py),
 # over the step's tokens grouped by slot once (lora_indices). cpu_grouped runs two GEMMs per present slot; it reads the slot

@@ -81,7 +81,8 @@ class SchedulerLoop:
         if wakeup_fd() is not None:
             self.poller.register(wakeup_fd(), zmq.POLLIN)
         self._last_stats: SchedulerStats | None = None
-        self._collectives = (0.0, 0)  # rank 0's collective totals, from its latest result
+        # Rank 0's collective totals and two-batch-overlap steps, from its latest result.
+        self._collectives: tuple[float, int, int] = (0.0, 0, 0)
         self._throughput = _ThroughputLog()
         self._watchdog = StepWatchdog(config.watchdog_timeout)
 
@@ -146,7 +147,7 @@ class SchedulerLoop:
         if isinstance(message, KVTransferEvents):
             self._exchange_kv(message)
         if isinstance(message, StepResult):
-            self._collectives = (message.collective_seconds, message.collective_calls)
+            self._collectives = (message.collective_seconds, message.collective_calls, message.micro_batch_steps)
             self.scheduler.process_result(message)
             self._watchdog.progressed()
             self._throughput.count_generated(len(message.token_ids))
@@ -158,7 +159,8 @@ class SchedulerLoop:
         if outputs is not None:
             self.detokenizer.send(outputs)
         stats = msgspec.structs.replace(self.scheduler.stats(), collective_seconds=self._collectives[0],
-                                        collective_calls=self._collectives[1])
+                                        collective_calls=self._collectives[1],
+                                        micro_batch_steps=self._collectives[2])
         if stats != self._last_stats:
             # A dropped snapshot stays unpublished, so the next pass through the loop sends it again.
             if self.frontend.send_if_room(stats):

@@ -116,6 +116,7 @@ class ModelRunner:
         self.device = (device_config or DeviceConfig()).torch_device
         self.stage = pipeline_stage()  # the model holds this stage's layers (the whole model without stages)
         self.pcp_rank, self.pcp_size = get_pcp_rank(), get_pcp_size()  # prefill context parallelism's share
+        self.micro_batch_steps = 0  # steps run as two overlapped micro-batches (two-batch overlap)
         # Before the model is built: overrides reset every op's cached choice.
         REGISTRY.set_overrides(op_backends or {})
         self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
@@ -463,6 +464,7 @@ class ModelRunner:
             # Models with a state group are refused at start: no drafts or snapshots to split.
             batches = [self._forward_batch(slots[half.rows], half.query_lens, half.seq_lens, None, ())[0]
                        for half in split_micro_batches(query_lens, seq_lens)]
+            self.micro_batch_steps += 1
             return torch.cat(run_two([partial(model, forward_batch) for forward_batch in batches], self.device))
         forward_batch, split = self._forward_batch(slots, query_lens, seq_lens, num_drafts, state_saves)
         if split is not None:

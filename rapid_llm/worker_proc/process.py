@@ -144,6 +144,7 @@ def _send(results: Sender | None, worker: Worker, pending: PendingResult, rank: 
         _fail(results, rank, pending.step_id, error)
     if results is not None:
         result.collective_seconds, result.collective_calls = collective_totals()
+        result.micro_batch_steps = worker.runner.micro_batch_steps
         results.send(result)
 
 

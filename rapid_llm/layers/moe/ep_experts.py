@@ -2,11 +2,12 @@
 
 Each rank stores `slots_per_rank` physical slots ((num_experts + num_redundant_experts) / ranks) of whole
 experts (no intermediate split) and loads only the checkpoint matrices of the experts its slots hold. A
-forward takes the routing of the whole batch (every rank has it), dispatches this rank's share of the
-tokens to the slots' ranks (rapid_llm/distributed/expert_parallel.py), runs the fused_moe kernel on the
-pairs it received (one expert each, with its routing weight, so rounding is the single-rank kernel's), and
-combines the results into its share of the output; the rest of the output is zeros until the MoE block's
-all-reduce. With EPLB the layer counts each expert's load every step and, every `step_interval` steps,
+forward takes the routing of the whole batch (every rank has it); the `expert_all_to_all` op's dispatcher
+brings this rank the pairs routed to its slots (by default it gathers them from all tokens, moving nothing:
+distributed/replicated_dispatch.py; its torch_ref sends each rank's share of the tokens by all-to-all:
+distributed/expert_parallel.py), the fused_moe kernel computes them (one expert each, with its routing weight, so
+rounding is the single-rank kernel's), and `combine` sums them per token into a partial output that the MoE
+block's all-reduce completes. With EPLB the layer counts each expert's load every step and, every `step_interval` steps,
 re-places its experts when that lowers the busiest rank's load (rapid_llm/distributed/eplb.py), logging the new
 placement (one line per MoE layer, in layer order).
 Usage: built by SparseMoeBlock inside `building_expert_parallel(layout)` on more than one rank.
@@ -22,7 +23,7 @@ from torch import nn
 from rapid_llm.distributed import get_tp_rank, get_tp_size
 from rapid_llm.distributed.eplb import (ExpertLoad, ExpertPlacement, balanced_placement, move_experts,
                                         rank_loads)
-from rapid_llm.distributed.expert_parallel import AllToAllDispatcher, ExpertParallelLayout, token_share
+from rapid_llm.distributed.expert_parallel import AllToAllDispatcher, ExpertParallelLayout
 from rapid_llm.layers.moe.experts import FusedExperts
 from rapid_llm.layers.weight_utils import copy_weight
 from rapid_llm.ops.registry import REGISTRY
@@ -57,7 +58,7 @@ class ExpertParallelExperts(FusedExperts):
                 topk_ids: torch.Tensor) -> torch.Tensor:
         if self.load is not None and self.eplb is not None:
             self._balance(self.load, self.eplb.step_interval, topk_ids)
-        start, end = token_share(hidden_states.shape[0], self.ep_rank, self.ep_size)
+        start, end = self.dispatcher.token_range(hidden_states.shape[0], self.ep_rank, self.ep_size)
         top_k = topk_ids.shape[1]
         physical = self.placement.choose(topk_ids[start:end], start * top_k)
         dispatched = self.dispatcher.dispatch(hidden_states[start:end], topk_weights[start:end], physical,
