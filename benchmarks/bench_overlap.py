@@ -1,15 +1,17 @@
 """Two-batch overlap on a simulated network: step time and exposed communication with the overlap off and on.
 
-    sudo python benchmarks/bench_overlap.py --links 10gbit:0.1 1gbit:1 [--model DIR] [--layout ep-a2a ep tp] \
+    sudo python benchmarks/bench_overlap.py --links 10gbit:0.1 1gbit:1 [--model DIR] [--layout ep-a2a ep tp afd] \
         [--prefill 256 1024 2048] [--decode 16 64] [--trace] --out benchmark-results/tbo
 
 Two ranks (`--tp 2`; layouts ep and ep-a2a add `--enable-expert-parallel`, ep-a2a with the all-to-all dispatcher
-pinned instead of the default replicated-routing one), each in a network namespace of its own joined by a
+pinned instead of the default replicated-routing one; afd is one attention rank and one FFN rank, `--afd-config`),
+each in a network namespace of its own joined by a
 shaped link (benchmarks/common/sim_network.py: tc tbf for the rate, netem or an in-process delay per collective for
 the latency). Each rank builds the worker's ModelRunner from `ServerArgs` and times the same fully described steps
 with the overlap off, then on with every step split: prefill steps of N tokens (four prompts of N / 4) and decode
 steps of B requests at 64 tokens of context. Per step: the median wall time and the exposed communication (the
-collective timer's seconds: all of it when off, issuing plus waiting when on), over --repeats after one warm-up.
+collective timer's seconds: all of it when off, issuing plus waiting when on; under afd the attention rank's wait
+for the FFN rank, its compute included), over --repeats after one warm-up, and tokens per second per rank.
 One more step per shape runs under the timeline (rapid_llm/distributed/timeline.py: torch.profiler does not see the
 micro-batch threads), which splits it into compute, exposed communication per collective and idle; `--trace` writes
 it as a Chrome trace per link, layout, shape and mode. Without --model a random Qwen3-MoE is built
@@ -79,15 +81,25 @@ def breakdown(spans: list[Any], wall: float) -> dict[str, float]:
             **{f"exposed {name}": value for name, value in sorted(exposed.items())}}
 
 
+def _layout_args(layout: str) -> dict[str, Any]:
+    """ServerArgs fields of a layout: two ranks either way (afd: one attention rank and one FFN rank)."""
+    if layout == "afd":
+        return {"afd_config": {"num_ffn_ranks": 1}}
+    return {"tensor_parallel_size": 2, "enable_expert_parallel": layout != "tp"}
+
+
 def run_rank(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
     from rapid_llm.distributed.collective_timer import collective_totals
     from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
+    from rapid_llm.distributed.ffn_exchange import ATTENTION, STOP, announce_step, building_afd
+    from rapid_llm.distributed.parallel_state import get_tp_group
     from rapid_llm.distributed.process_group import init_worker_group
     from rapid_llm.distributed.timeline import chrome_trace, start_timeline, stop_timeline
     from rapid_llm.server_args import ServerArgs
+    from rapid_llm.worker_proc.ffn_worker import load_ffn_blocks, serve
     from rapid_llm.worker_proc.model_runner import ModelRunner
 
     delay_collectives()
@@ -96,13 +108,18 @@ def run_rank(args: argparse.Namespace) -> None:
     blocks = max(4 * -(-max(args.prefill, default=0) // 64), max(args.decode, default=0) * 4) + 8
     overlap = {"enable_two_batch_overlap": True, "dbo_decode_token_threshold": 2, "dbo_prefill_token_threshold": 2}
     pins = [pin for pin in (args.op_backend, LAYOUT_PINS.get(args.layout)) if pin]
-    server_args = ServerArgs(model=args.model, tensor_parallel_size=2, enable_expert_parallel=args.layout != "tp",
-                             num_kv_blocks=blocks, max_num_seqs=max([4, *args.decode]),
-                             op_backend=",".join(pins) or None,
+    server_args = ServerArgs(model=args.model, num_kv_blocks=blocks, max_num_seqs=max([4, *args.decode]),
+                             op_backend=",".join(pins) or None, **_layout_args(args.layout),
                              **(overlap if args.overlap == "on" else {}))
     config = server_args.engine_config(args.model)
-    init_worker_group(args.rank, 2, args.init, "cpu")
-    with building_expert_parallel(ExpertParallelLayout() if args.layout != "tp" else None):
+    parallel = config.parallel
+    init_worker_group(args.rank, parallel.world_size, args.init, "cpu", ffn_ranks=parallel.afd_ffn_ranks)
+    if args.rank >= parallel.world_size:
+        serve(config, load_ffn_blocks(config))
+        dist.destroy_process_group()
+        return
+    layout = ExpertParallelLayout() if parallel.enable_expert_parallel and not parallel.afd_ffn_ranks else None
+    with building_expert_parallel(layout), building_afd(ATTENTION if parallel.afd_ffn_ranks else None):
         runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                              max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
     results = {}
@@ -113,21 +130,25 @@ def run_rank(args: argparse.Namespace) -> None:
         runner.forward(step)  # warm-up
         seconds, exposed = [], []
         for _ in range(args.repeats):
-            dist.barrier()
+            dist.barrier(group=get_tp_group())
             comm, started = collective_totals()[0], time.perf_counter()
             runner.forward(step)
             seconds.append(time.perf_counter() - started)
             exposed.append(collective_totals()[0] - comm)
-        dist.barrier()
+        dist.barrier(group=get_tp_group())
         start_timeline()
         started = time.perf_counter()
         runner.forward(step)
         wall, spans = time.perf_counter() - started, stop_timeline()
         if args.trace_dir and args.rank == 0:
             chrome_trace(spans, f"{args.trace_dir}/{args.layout}-{shape}{size}-{args.overlap}.json")
+        tokens = sum(request.num_new_tokens for request in step)
         results[f"{shape} {size}"] = {"step_ms": 1000 * statistics.median(seconds),
                                       "exposed_comm_ms": 1000 * statistics.median(exposed),
+                                      "tokens_per_s_per_rank": tokens / statistics.median(seconds) / 2,
                                       "traced_step": breakdown(spans, wall)}
+    if parallel.afd_ffn_ranks:
+        announce_step([STOP], runner.device)
     if args.rank == 0:
         Path(args.result).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -136,11 +157,13 @@ def run_rank(args: argparse.Namespace) -> None:
 def _run_pair(args: argparse.Namespace, net: SimulatedNetwork, layout: str, overlap: str, workdir: Path
               ) -> dict[str, Any]:
     result = workdir / f"{layout}-{overlap}.json"
-    init = f"file://{workdir}/rendezvous-{layout}-{overlap}"
+    # A fresh file per pair: a FileStore left by an earlier pair would hand out its stale addresses.
+    init = f"file://{workdir}/rendezvous-{net.link.rate}-{net.link.delay_ms:g}-{layout}-{overlap}"
     processes = []
     for rank in range(2):
         argv = [sys.executable, __file__, "--rank", str(rank), "--init", init, "--model", args.model,
-                "--layout", layout, "--overlap", overlap, "--op-backend", args.op_backend or "", "--result", str(result), "--repeats", str(args.repeats),
+                "--layout", layout, "--overlap", overlap, "--op-backend", args.op_backend or "",
+                "--result", str(result), "--repeats", str(args.repeats),
                 "--prefill", *map(str, args.prefill), "--decode", *map(str, args.decode)]
         if args.trace:
             trace_dir = Path(args.out).resolve() / f"trace-{net.link.rate}-{net.link.delay_ms:g}ms"
@@ -164,7 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--links", nargs="+", default=["10gbit:0.1", "1gbit:1"], help="rate:one-way delay ms")
     parser.add_argument("--model", help="checkpoint directory (default: a random Qwen3-MoE, BENCH_MODEL)")
-    parser.add_argument("--layout", nargs="+", default=["ep-a2a", "ep", "tp"], choices=["ep-a2a", "ep", "tp"])
+    parser.add_argument("--layout", nargs="+", default=["ep-a2a", "ep", "tp", "afd"],
+                        choices=["ep-a2a", "ep", "tp", "afd"])
     parser.add_argument("--prefill", nargs="*", type=int, default=[256, 1024, 2048])
     parser.add_argument("--decode", nargs="*", type=int, default=[16, 64])
     parser.add_argument("--repeats", type=int, default=5)
@@ -202,7 +226,8 @@ def main() -> None:
                               f"exposed comm {off[step]['exposed_comm_ms']:7.1f} -> {on[step]['exposed_comm_ms']:7.1f}"
                               " ms", flush=True)
                         for mode, result in (("off", off), ("on", on)):
-                            traced = ", ".join(f"{key} {value:.1f}" for key, value in result[step]["traced_step"].items())
+                            traced = ", ".join(f"{key} {value:.1f}"
+                                               for key, value in result[step]["traced_step"].items())
                             print(f"    traced step, overlap {mode}: {traced}", flush=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
 

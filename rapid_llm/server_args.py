@@ -115,7 +115,11 @@ class ServerArgs:
                                                "aliases": ("--pcp", "--pcp-size", "-pcp")})
     enable_expert_parallel: bool = field(default=False, metadata={"help": "Partition MoE experts over the "
                                          "tensor-parallel ranks (EP size = TP size) instead of splitting each "
-                                         "expert; tokens reach their experts by all-to-all."})
+                                         "expert."})
+    afd_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "Attention-FFN "
+                            "disaggregation, a JSON object: {\"num_ffn_ranks\": 1} more ranks compute the MoE "
+                            "layers for the tensor-parallel (attention) ranks (default: off). See "
+                            "docs/parallelism.md."})
     enable_eplb: bool = field(default=False, metadata={"help": "Expert-parallel load balancing: redundant "
                               "copies of hot experts, placement recomputed from measured loads (--eplb-config)."})
     eplb_config: str | dict[str, Any] | None = field(default=None, metadata={"help": "EPLB settings as vLLM "
@@ -297,6 +301,7 @@ class ServerArgs:
         check_tokenizer_dir(self.tokenizer or model_dir, explicit=self.tokenizer is not None)
         from rapid_llm.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
                                       ParallelConfig, SchedulerConfig)
+        from rapid_llm.config.afd_config import AFDConfig
         from rapid_llm.config.eplb_config import EPLBConfig
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.config.kv_transfer_config import KVTransferConfig
@@ -318,6 +323,7 @@ class ServerArgs:
         check_supported(model.architecture)
         if self.eplb_config is not None and not self.enable_eplb:
             raise ValueError("--eplb-config takes effect with --enable-eplb only")
+        afd = AFDConfig.parse(self.afd_config)
         parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                   enable_expert_parallel=self.enable_expert_parallel,
                                   eplb=EPLBConfig.parse(self.eplb_config) if self.enable_eplb else None,
@@ -327,6 +333,7 @@ class ServerArgs:
                                   pipeline_parallel_size=self.pipeline_parallel_size,
                                   decode_context_parallel_size=self.decode_context_parallel_size,
                                   prefill_context_parallel_size=self.prefill_context_parallel_size,
+                                  afd_ffn_ranks=afd.num_ffn_ranks if afd is not None else 0,
                                   pp_layer_partition=_int_tuple(self.pp_layer_partition, "--pp-layer-partition"))
         if parallel.expert_parallel_size > 1 and self.enable_torch_compile:
             raise ValueError("--enable-torch-compile with --enable-expert-parallel: the all-to-all's data-dependent "
@@ -344,6 +351,12 @@ class ServerArgs:
             self._check_dcp_features(dcp, parallel, speculative, kv_transfer)
         if parallel.prefill_context_parallel_size > 1:
             self._check_pcp_features(parallel, speculative, kv_transfer, lora is not None)
+        if parallel.afd_ffn_ranks:
+            refuse_combinations("--afd-config", [
+                (speculative is not None, "--speculative-config", "not combined yet"),
+                (lora is not None, "--enable-lora", "not combined yet"),
+                (kv_transfer is not None, "--kv-transfer-config", "not combined yet"),
+                (self.enable_torch_compile, "--enable-torch-compile", "the exchange is not compiled")])
         cache = CacheConfig(
             # With decode context parallelism a block's tokens are shared out: --block-size per rank, as vLLM.
             block_size=self.block_size * dcp,
@@ -384,8 +397,10 @@ class ServerArgs:
             op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
-            # EP's all-to-all reads its split sizes on the host, which a CUDA graph cannot capture: eager decode.
-            compilation=CompilationConfig(self.enforce_eager or parallel.expert_parallel_size > 1,
+            # EP's all-to-all reads its split sizes on the host, which a CUDA graph cannot capture, and AFD's exchange
+            # is not captured: eager decode.
+            compilation=CompilationConfig(self.enforce_eager or parallel.expert_parallel_size > 1
+                                          or parallel.afd_ffn_ranks > 0,
                                           self.cuda_graph_max_bs, self.enable_torch_compile,
                                           self._two_batch_overlap(parallel, model, speculative, kv_transfer, lora)),
             parallel=parallel,
@@ -400,7 +415,8 @@ class ServerArgs:
 
         if not self.enable_two_batch_overlap:
             return None
-        check_two_batch_overlap(parallel.tensor_parallel_size, model.architecture in PIPELINE_PARALLEL_ARCHITECTURES, [
+        check_two_batch_overlap(parallel.tensor_parallel_size + parallel.afd_ffn_ranks,
+                                model.architecture in PIPELINE_PARALLEL_ARCHITECTURES, [
             (parallel.pipeline_parallel_size > 1, "--pipeline-parallel-size > 1", "not combined yet"),
             (parallel.decode_context_parallel_size > 1 or parallel.prefill_context_parallel_size > 1,
              "decode/prefill context parallelism", "their attention's collectives are not split yet"),

@@ -46,6 +46,7 @@ class EngineConfig:
             "pp_layer_partition": self.parallel.pp_layer_partition,
             "decode_context_parallel_size": self.parallel.decode_context_parallel_size,
             "prefill_context_parallel_size": self.parallel.prefill_context_parallel_size,
+            "afd_ffn_ranks": self.parallel.afd_ffn_ranks,
             "op_backends": self.op_backends,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.cache_dtype,

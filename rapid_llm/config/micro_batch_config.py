@@ -4,8 +4,9 @@ A step splits into two micro-batches only when it has at least `decode_token_thr
 only) or `prefill_token_threshold` tokens (any other step): below that, half a batch reads the same weights for half
 the work and runs the model's fixed per-forward costs twice, which costs more than the overlap hides (vLLM's flag
 names; the defaults are measured, benchmarks/bench_overlap.py, docs/parallelism.md: on 2 CPU cores prefill steps
-gained from 1024 tokens on, decode steps of up to 256 requests never did). `check` refuses, at start and with the reason, what the split forward does not serve.
-Usage: `CompilationConfig(two_batch_overlap=MicroBatchConfig(32, 512))`.
+gained from 1024 tokens on, decode steps of up to 256 requests never did). `check_two_batch_overlap` refuses, at
+start and with the reason, what the split forward does not serve.
+Usage: `CompilationConfig(two_batch_overlap=MicroBatchConfig(512, 1024))`.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def check_two_batch_overlap(ranks: int, architecture_splits: bool, refusals: lis
     """Raise, naming the flag that conflicts, when two-batch overlap cannot run: `refusals` are (conflict, flag,
     reason)."""
     if ranks < 2:
-        raise ValueError(f"{FLAG} overlaps the tensor-/expert-parallel ranks' communication with compute: it needs "
-                         "--tensor-parallel-size of at least 2")
+        raise ValueError(f"{FLAG} overlaps the ranks' communication with compute: it needs --tensor-parallel-size "
+                         "of at least 2 or --afd-config")
     if not architecture_splits:
         raise ValueError(f"{FLAG}: this architecture's forward is not split by tokens (recurrent state or its own "
                          "attention); the Llama-family decoder stack is, MoE and DeepSeek-V2/V3 (MLA) included")

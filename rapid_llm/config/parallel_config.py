@@ -7,8 +7,9 @@ redundant experts (EPLBConfig). `--data-parallel-size D` runs D such replicas (e
 and its N ranks) behind one frontend that routes requests by `--load-balance-method`;
 `--nnodes/--node-rank/--dist-init-addr` spread one replica's ranks over hosts. `--pipeline-parallel-size P`
 (`-pp`) splits the decoder layers into P stages of N ranks each (distributed/pipeline.py; `--pp-layer-partition`
-gives each stage's layer count). Which architectures shard is
-decided here, in the launcher and without torch, so a layout that cannot run fails before any child starts
+gives each stage's layer count). `afd_ffn_ranks` (`--afd-config`) adds FFN ranks after the world's ranks, which
+compute the MoE layers (attention-FFN disaggregation; they are not counted in `world_size`). Which architectures
+shard is decided here, in the launcher and without torch, so a layout that cannot run fails before any child starts
 with a message naming the flag: the dense Llama family, LFM2, NemotronH (Mamba2 heads and groups), the MoE
 models (Mixtral, Qwen2/3-MoE) and DeepSeek-V2/V3 (MLA) shard; DeepSeek-V4 and quantized linears do not.
 See docs/parallelism.md.
@@ -16,10 +17,11 @@ See docs/parallelism.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rapid_llm.config.eplb_config import EPLBConfig
+from rapid_llm.config.flag_conflicts import refuse_combinations
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -36,6 +38,8 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens", "cach
 PIPELINE_PARALLEL_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
                                              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+# Attention-FFN disaggregation: the MoE models of the Llama-family decoder stack (layers/moe/sparse_block.py).
+DISAGGREGATED_ARCHITECTURES = MOE_ARCHITECTURES & PIPELINE_PARALLEL_ARCHITECTURES
 PP_FLAG = "--pipeline-parallel-size"
 DCP_FLAG = "--decode-context-parallel-size"
 PCP_FLAG = "--prefill-context-parallel-size"
@@ -62,6 +66,7 @@ class ParallelConfig:
     pp_layer_partition: tuple[int, ...] | None = None  # decoder layers per stage (None: an even split)
     decode_context_parallel_size: int = 1  # blocks of TP ranks sharing KV heads split each sequence's tokens
     prefill_context_parallel_size: int = 1  # replicas of the TP group that split every step's tokens
+    afd_ffn_ranks: int = 0  # attention-FFN disaggregation: ranks after the world's that compute the MoE layers
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -89,6 +94,8 @@ class ParallelConfig:
         elif self.nnodes < 1 or self.node_rank != 0:
             raise ValueError(f"--nnodes {self.nnodes} --node-rank {self.node_rank}: need nnodes >= 1 and "
                              "0 <= node-rank < nnodes")
+        if self.afd_ffn_ranks:
+            self._check_disaggregation()
         if self.enable_expert_parallel and self.data_parallel_size > 1:
             raise ValueError(f"{EP_FLAG} with --data-parallel-size {self.data_parallel_size}: experts are "
                              "partitioned inside one replica's tensor-parallel group only (EP across DP "
@@ -108,6 +115,14 @@ class ParallelConfig:
         if self.eplb is not None:
             raise ValueError(f"--enable-eplb with {PP_FLAG} {pp}: expert rebalancing sends experts between "
                              "world ranks, not within a stage; drop one of the flags")
+
+    def _check_disaggregation(self) -> None:
+        refuse_combinations("--afd-config", [(conflict, flag, "not combined yet") for conflict, flag in (
+            (self.pipeline_parallel_size > 1, f"{PP_FLAG} > 1"),
+            (self.decode_context_parallel_size > 1, f"{DCP_FLAG} > 1"),
+            (self.prefill_context_parallel_size > 1, f"{PCP_FLAG} > 1"),
+            (self.data_parallel_size > 1, "--data-parallel-size > 1"), (self.nnodes > 1, "--nnodes > 1"),
+            (self.eplb is not None, "--enable-eplb"))])
 
     @property
     def result_rank(self) -> int:
@@ -146,6 +161,14 @@ class ParallelConfig:
         from rapid_llm.config.model_config import attention_kv_heads
 
         tp = self.tensor_parallel_size
+        if self.afd_ffn_ranks:
+            if model.architecture not in DISAGGREGATED_ARCHITECTURES:
+                raise ValueError(f"--afd-config: {model.architecture} is not disaggregated (the MoE models of the "
+                                 f"Llama-family stack are: {', '.join(sorted(DISAGGREGATED_ARCHITECTURES))})")
+            if model.quantization is not None:
+                raise ValueError("--afd-config with quantization: not combined yet; serve the model unquantized")
+            # The FFN ranks build the model as a tensor-parallel group of their own.
+            replace(self, tensor_parallel_size=self.afd_ffn_ranks, afd_ffn_ranks=0).check_model(model)
         if self.pipeline_parallel_size > 1:
             self._check_pipeline_model(model)
         if self.decode_context_parallel_size > 1:

@@ -58,6 +58,16 @@ def set_pipeline_stage(stage: PipelineStage) -> None:
     _stage = stage
 
 
+_sampling_group: dist.ProcessGroup | None = None  # the ranks that record samples; None: the world
+
+
+def set_sampling_group(group: dist.ProcessGroup | None) -> None:
+    """Ranks outside the model's stages (attention-FFN disaggregation's FFN ranks) record no samples: the group of
+    the others."""
+    global _sampling_group
+    _sampling_group = group
+
+
 def pipeline_stage() -> PipelineStage:
     return _stage
 
@@ -88,7 +98,7 @@ def broadcast_sampled(tensor: torch.Tensor, async_op: bool = False) -> dist.Work
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     if async_op:
-        return dist.broadcast(tensor, _stage.last_stage_rank, async_op=True)
+        return dist.broadcast(tensor, _stage.last_stage_rank, group=_sampling_group, async_op=True)
     with timed(tensor.device):
-        dist.broadcast(tensor, _stage.last_stage_rank)
+        dist.broadcast(tensor, _stage.last_stage_rank, group=_sampling_group)
     return None

@@ -107,6 +107,10 @@ class EngineProcesses:
             ]
         targets += [(self.child_name(replica, f"worker{rank}"), "rapid_llm.worker_proc.process:run_worker",
                      (config, rank, paths, dist_init_method)) for rank in parallel.local_ranks]
+        # Attention-FFN disaggregation's FFN ranks follow the world's (single node: refused otherwise).
+        targets += [(self.child_name(replica, f"ffn{index}"), "rapid_llm.worker_proc.ffn_worker:run_ffn_worker",
+                     (config, parallel.world_size + index, dist_init_method))
+                    for index in range(parallel.afd_ffn_ranks)]
         return targets
 
     def start(self) -> None:

@@ -3,7 +3,8 @@
 Parameters are created directly on the device in the model dtype, and each checkpoint tensor
 is copied into its parameter once (the copy casts). Every parameter must be filled exactly
 by the checkpoint: missing or unexpected tensors are an error naming them, except those the model
-declares in `skipped_checkpoint_keys`, which are never read and summarised in one log line per load.
+declares in `skipped_checkpoint_keys` or a module marks `checkpoint_elsewhere` (another process loads them), which
+are never read and summarised in one log line per load.
 A quantized model's linear layers get their quantization's parameters between building and loading
 (rapid_llm/quantization/apply.py); KV-cache scales (`k_scale`/`v_scale`) go to their attention layers
 (`kv_scales.py`). Then every layer with a `prepare_weights` hook puts its weights in the format of the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -59,9 +61,20 @@ def _log_skipped(model: nn.Module, skipped: dict[SkippedKeys, list[str]]) -> Non
     logger.info("%s skips checkpoint tensors it does not load: %s", type(model).__name__, "; ".join(parts))
 
 
+def _elsewhere(model: nn.Module) -> tuple[SkippedKeys, ...]:
+    """One declaration per reason for the modules whose weights another process loads (`checkpoint_elsewhere`)."""
+    by_reason: dict[str, list[str]] = {}
+    for name, module in model.named_modules():
+        reason = getattr(module, "checkpoint_elsewhere", None)
+        if reason:
+            by_reason.setdefault(reason, []).append(name)
+    return tuple(SkippedKeys(f"{names[0]}.* and the like", "(" + "|".join(map(re.escape, names)) + r")\..+", reason)
+                 for reason, names in by_reason.items())
+
+
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     stacked = getattr(model, "stacked_params", ())
-    declared = getattr(model, "skipped_checkpoint_keys", ())
+    declared = (*getattr(model, "skipped_checkpoint_keys", ()), *_elsewhere(model))
     params = dict(model.named_parameters())
     tied_lm_head = getattr(model.config, "tie_word_embeddings", False)
     loaded: dict[str, set[str | int | None]] = {name: set() for name in params}

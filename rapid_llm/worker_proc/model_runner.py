@@ -31,6 +31,7 @@ from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.config.compilation_config import CompilationConfig
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
+from rapid_llm.distributed.ffn_exchange import ATTENTION, afd_role, announce_step
 from rapid_llm.distributed.micro_batch_overlap import run_two
 from rapid_llm.distributed.parallel_state import get_pcp_rank, get_pcp_size
 from rapid_llm.distributed.prefill_context import TokenSplit, gather_step_tokens, split_step
@@ -117,6 +118,8 @@ class ModelRunner:
         self.stage = pipeline_stage()  # the model holds this stage's layers (the whole model without stages)
         self.pcp_rank, self.pcp_size = get_pcp_rank(), get_pcp_size()  # prefill context parallelism's share
         self.micro_batch_steps = 0  # steps run as two overlapped micro-batches (two-batch overlap)
+        # Attention-FFN disaggregation: the MoE layers run on FFN ranks, told each forward's micro-batch sizes.
+        self.ffn_elsewhere = afd_role() == ATTENTION
         # Before the model is built: overrides reset every op's cached choice.
         REGISTRY.set_overrides(op_backends or {})
         self.op_choices = REGISTRY.describe(self.device, model_config.dtype_name)
@@ -462,10 +465,15 @@ class ModelRunner:
         overlap = self.compilation.two_batch_overlap
         if overlap is not None and overlap.splits(int(query_lens.sum()), decode):
             # Models with a state group are refused at start: no drafts or snapshots to split.
+            halves = split_micro_batches(query_lens, seq_lens)
             batches = [self._forward_batch(slots[half.rows], half.query_lens, half.seq_lens, None, ())[0]
-                       for half in split_micro_batches(query_lens, seq_lens)]
+                       for half in halves]
             self.micro_batch_steps += 1
+            if self.ffn_elsewhere:
+                announce_step([int(half.query_lens.sum()) for half in halves], self.device)
             return torch.cat(run_two([partial(model, forward_batch) for forward_batch in batches], self.device))
+        if self.ffn_elsewhere:
+            announce_step([int(query_lens.sum())], self.device)
         forward_batch, split = self._forward_batch(slots, query_lens, seq_lens, num_drafts, state_saves)
         if split is not None:
             return gather_step_tokens(model(forward_batch), split)

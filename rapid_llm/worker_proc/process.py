@@ -31,6 +31,7 @@ import zmq
 from rapid_llm.config import EngineConfig
 from rapid_llm.distributed import world_min
 from rapid_llm.distributed.expert_parallel import ExpertParallelLayout, building_expert_parallel
+from rapid_llm.distributed.ffn_exchange import ATTENTION, STOP, announce_step, building_afd
 from rapid_llm.distributed.collective_timer import collective_totals
 from rapid_llm.distributed.pipeline import PipelineStage
 from rapid_llm.distributed.process_group import init_worker_group, leave_worker_group
@@ -57,9 +58,12 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         stage = PipelineStage(rank // per_stage, parallel.pipeline_parallel_size, parallel.pp_layer_partition,
                               per_stage)
         init_worker_group(rank, world_size, dist_init_method, config.device.type, parallel.device_index(rank), stage,
-                          parallel.decode_context_parallel_size, parallel.prefill_context_parallel_size)
+                          parallel.decode_context_parallel_size, parallel.prefill_context_parallel_size,
+                          parallel.afd_ffn_ranks)
+        # EP partitions the experts over this group; with attention-FFN disaggregation the FFN ranks hold them.
         layout = ExpertParallelLayout(parallel.eplb) if parallel.enable_expert_parallel else None
-        with building_expert_parallel(layout):
+        with building_expert_parallel(None if parallel.afd_ffn_ranks else layout), \
+                building_afd(ATTENTION if parallel.afd_ffn_ranks else None):
             runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                                  max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation,
                                  speculative=config.scheduler.speculative, lora=config.scheduler.lora)
@@ -111,6 +115,8 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
             # The launcher's SIGTERM follows the scheduler's Shutdown; it must not interrupt the exit.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             context.destroy(linger=0)
+            if runner.ffn_elsewhere:
+                announce_step([STOP], runner.device)  # the FFN ranks leave their loop
             leave_worker_group()
             return
         if profiler is None:
