@@ -33,25 +33,38 @@ def test_afd_matches_transformers(tiny_checkpoint, layout: str, overlap: bool) -
                                 max_num_batched_tokens=16, **flags, **(SPLIT_ALL if overlap else {}))
 
 
-def test_afd_server_equals_transformers(tiny_checkpoint) -> None:
-    """The real server with 1 attention rank and 2 FFN ranks (experts partitioned), two-batch overlap splitting every
-    step, four concurrent requests; stopping it leaves no FFN rank behind."""
-    checkpoint = tiny_checkpoint("Qwen3MoeForCausalLM")
+@pytest.mark.parametrize("architecture,ffn_ranks,flags", [("Qwen3MoeForCausalLM", 2, ("--enable-expert-parallel",)),
+                                                          ("DeepseekV3ForCausalLM", 1, ("--tp", "2"))],
+                         ids=["qwen3moe-1a2f-ep", "dsv3-2a1f"])
+def test_afd_server_equals_transformers(tiny_checkpoint, architecture: str, ffn_ranks: int,
+                                        flags: tuple[str, ...]) -> None:
+    """The real server with 1 attention rank and 2 FFN ranks (experts partitioned) or, for MLA, 2 attention ranks (TP)
+    and 1 FFN rank; two-batch overlap splitting every step, four concurrent requests; stopping it leaves no FFN rank
+    behind."""
+    checkpoint = tiny_checkpoint(architecture)
     prompts = random_prompts((40, 45, 37, 42), seed=11)
     expected = hf_greedy(hf_model(checkpoint), prompts, NEW_TOKENS)
-    server = ServerProcess("--model", str(checkpoint), "--afd-config", '{"num_ffn_ranks": 2}',
-                           "--enable-expert-parallel", "--enable-two-batch-overlap", "--dbo-decode-token-threshold",
-                           "2", "--dbo-prefill-token-threshold", "2", "--max-num-batched-tokens", "16",
-                           "--max-model-len", "128", "--log-level", "info")
+    server = ServerProcess("--model", str(checkpoint), "--afd-config", f'{{"num_ffn_ranks": {ffn_ranks}}}', *flags,
+                           "--enable-two-batch-overlap",
+                           "--dbo-decode-token-threshold", "2", "--dbo-prefill-token-threshold", "2",
+                           "--max-num-batched-tokens", "16", "--max-model-len", "128", "--log-level", "info")
     try:
         with ThreadPoolExecutor(len(prompts)) as pool:
             assert list(pool.map(lambda prompt: complete(server, prompt), prompts)) == expected
-        assert httpx.get(f"{server.base_url}/server_info", timeout=5).json()["afd_ffn_ranks"] == 2
+        assert httpx.get(f"{server.base_url}/server_info", timeout=5).json()["afd_ffn_ranks"] == ffn_ranks
     finally:
         server.stop()
-    assert "did not stop" not in server.log()
-    titles = [path.read_bytes() for path in Path("/proc").glob("[0-9]*/cmdline") if path.exists()]
-    assert not any(title.startswith(b"rapid_llm::ffn") for title in titles)
+    assert not any(title.startswith(b"rapid_llm::ffn") for title in _process_titles())
+
+
+def _process_titles() -> list[bytes]:
+    titles = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            titles.append(path.read_bytes())
+        except OSError:  # the process ended while listed
+            continue
+    return titles
 
 
 def test_layouts_afd_cannot_serve_are_refused(tiny_checkpoint) -> None:
