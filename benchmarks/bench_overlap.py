@@ -1,23 +1,18 @@
-"""Two-batch overlap on a simulated network: step time and exposed communication with the overlap off and on.
+"""Two-batch overlap and AFD on a simulated network: step time and exposed communication, overlap off and on.
 
     sudo python benchmarks/bench_overlap.py --links 10gbit:0.1 1gbit:1 [--model DIR] [--layout ep-a2a ep tp afd] \
         [--prefill 256 1024 2048] [--decode 16 64] [--trace] --out benchmark-results/tbo
 
-Two ranks (`--tp 2`; layouts ep and ep-a2a add `--enable-expert-parallel`, ep-a2a with the all-to-all dispatcher
-pinned instead of the default replicated-routing one; afd is one attention rank and one FFN rank, `--afd-config`),
-each in a network namespace of its own joined by a
-shaped link (benchmarks/common/sim_network.py: tc tbf for the rate, netem or an in-process delay per collective for
-the latency). Each rank builds the worker's ModelRunner from `ServerArgs` and times the same fully described steps
-with the overlap off, then on with every step split: prefill steps of N tokens (four prompts of N / 4) and decode
-steps of B requests at 64 tokens of context. Per step: the median wall time and the exposed communication (the
-collective timer's seconds: all of it when off, issuing plus waiting when on; under afd the attention rank's wait
-for the FFN rank, its compute included), over --repeats after one warm-up, and tokens per second per rank.
-One more step per shape runs under the timeline (rapid_llm/distributed/timeline.py: torch.profiler does not see the
-micro-batch threads), which splits it into compute, exposed communication per collective and idle; `--trace` writes
-it as a Chrome trace per link, layout, shape and mode. Without --model a random Qwen3-MoE is built
-(hidden 512, 8 experts top-2, 4 layers). The table is printed and written with the JSON to --out.
-Key design choice: steps replayed in-process, not served: the step is what the overlap changes, and a replay times
-it without the scheduler's and the HTTP path's noise on two shared cores.
+Two ranks, each in a network namespace behind a shaped link (benchmarks/common/sim_network.py): `--tp 2` (ep, ep-a2a
+add `--enable-expert-parallel`, ep-a2a pins the all-to-all dispatcher) or afd (one attention rank, one FFN rank).
+Each builds the worker's ModelRunner from `ServerArgs` and replays fully described steps, overlap off then on with
+every step split: prefills of N tokens (four prompts) and decodes of B requests at 64 tokens of context. Per step:
+median wall time, exposed communication (the collective timer: all of it off, issue plus wait on; under afd the wait
+for the FFN rank, its compute included) and tokens/s per rank, over --repeats after a warm-up; one more step runs under
+the timeline (rapid_llm/distributed/timeline.py), split into compute, exposed communication per collective and idle
+(`--trace`: Chrome traces). Without --model: a random Qwen3-MoE (hidden 512, 8 experts top-2, 4 layers).
+Key design choice: steps replayed in-process, not served: the step is what the overlap changes, timed without the
+scheduler's and the HTTP path's noise on two shared cores.
 """
 
 from __future__ import annotations

@@ -397,8 +397,8 @@ class ServerArgs:
             op_backends=op_backends,
             log_level=self.log_level.lower(),
             sampling_defaults=generation_defaults(self.generation_config, model_dir),
-            # EP's all-to-all reads its split sizes on the host, which a CUDA graph cannot capture, and AFD's exchange
-            # is not captured: eager decode.
+            # EP's dispatchers size tensors from data (split sizes, pair counts), which a CUDA graph cannot capture,
+            # and AFD's exchange is not captured: eager decode.
             compilation=CompilationConfig(self.enforce_eager or parallel.expert_parallel_size > 1
                                           or parallel.afd_ffn_ranks > 0,
                                           self.cuda_graph_max_bs, self.enable_torch_compile,

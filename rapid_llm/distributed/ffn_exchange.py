@@ -10,8 +10,8 @@ compute A while the attention ranks compute B's attention (distributed/micro_bat
 MegaScale-Infer and Step-3's AFD.
 Key design choice: broadcasts on the world group, not point-to-point: every rank takes part in the same ordered
 collectives, gloo and NCCL alike, and F FFN ranks need no fan-out of their own.
-Usage: attention side `announce_step([n_a, n_b])`, then `exchange(hidden)` per MoE layer (`RemoteMoeBlock`);
-FFN side `serve_steps(blocks, hidden_size, dtype, device)`.
+Usage: attention side `announce_step([n_a, n_b], device)`, then `exchange(hidden)` per MoE layer (what a
+SparseMoeBlock built under `building_afd(ATTENTION)` does); FFN side `serve_steps(blocks, hidden_size, dtype, device)`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Two-batch overlap on CPU gloo ranks: big steps run as two micro-batches cut at the token midpoint
 (worker_proc/micro_batches.py) whose collectives are issued asynchronously and interleaved with the other's compute
-(distributed/micro_batch_overlap.py). With every step of two or more tokens split, greedy tokens and logprobs equal
-transformers' (within 1e-4) on fp32 Qwen3-MoE with EP=2, DeepSeek-V3 (MLA) with TP=2 and dense Llama with TP=2, with
-chunked prefill, offline and through the real server (async scheduling, four concurrent requests); n-gram drafts and
-an fp8 KV cache keep the tokens of the overlap off; what it cannot serve is refused at start (quantized linears
-among them: TP refuses them)."""
+(distributed/micro_batch_overlap.py). With every step of two or more tokens split and 16-token chunks: greedy tokens
+and logprobs equal transformers' (within 1e-4) offline on fp32 Qwen3-MoE with EP=2 and dense Llama with TP=2; greedy
+tokens equal transformers' through the real server (async scheduling, four concurrent requests) on Qwen3-MoE with EP=2
+and DeepSeek-V3 (MLA) with TP=2; n-gram drafts and an fp8 KV cache keep the tokens of the overlap off; what it cannot
+serve is refused at start (quantized linears among them: TP refuses them)."""
 
 from __future__ import annotations
 
