@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +34,8 @@ import httpx
 
 from benchmarks import bench_serving
 from benchmarks.common.environment import collect_environment
+from benchmarks.common.server_process import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 _LAYOUT = re.compile(r"(?:tp(\d+))?(?:pp(\d+))?(?:dcp(\d+))?(?:pcp(\d+))?(?:dp(\d+))?")
 
 
@@ -57,39 +55,17 @@ def collective_seconds(base_url: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-class LayoutServer:
-    """`launch_server` at one layout on `port`, healthy once constructed; `close()` stops it."""
-
-    def __init__(self, args: argparse.Namespace, tp: int, pp: int, dcp: int, pcp: int, dp: int, log: Path) -> None:
-        self.base_url = f"http://127.0.0.1:{args.port}"
-        command = [sys.executable, "-m", "rapid_llm.launch_server", "--model", args.model, "--port", str(args.port),
-                   "--tp", str(tp), "--pp", str(pp), "--dcp", str(dcp), "--pcp", str(pcp), "--dp", str(dp),
-                   "--log-level", "info", *args.server_args.split()]
-        self.log = log
-        self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + args.startup_timeout
-        while self.process.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise RuntimeError(f"tp{tp}dp{dp} did not become healthy; see {log}")
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+def layout_server(args: argparse.Namespace, tp: int, pp: int, dcp: int, pcp: int, dp: int,
+                  log: Path) -> ServerProcess:
+    """`launch_server` at one layout on `args.port`, healthy once returned."""
+    flags = ["--model", args.model, "--tp", str(tp), "--pp", str(pp), "--dcp", str(dcp), "--pcp", str(pcp),
+             "--dp", str(dp), "--log-level", "info", *args.server_args.split()]
+    return ServerProcess(flags, args.port, log, args.startup_timeout)
 
 
 def run_layout(args: argparse.Namespace, tp: int, pp: int, dcp: int, pcp: int, dp: int) -> dict[str, Any]:
     name = f"tp{tp}pp{pp}" + (f"dcp{dcp}" if dcp > 1 else "") + (f"pcp{pcp}" if pcp > 1 else "") + f"dp{dp}"
-    server = LayoutServer(args, tp, pp, dcp, pcp, dp, Path(args.out).with_suffix(f".{name}.log"))
+    server = layout_server(args, tp, pp, dcp, pcp, dp, Path(args.out).with_suffix(f".{name}.log"))
     try:
         # Warm up outside the measured window (the counter is read after it).
         for _ in range(2):

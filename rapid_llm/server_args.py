@@ -169,6 +169,18 @@ class ServerArgs:
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse the KV cache of full blocks that "
                                         "match earlier requests' tokens (automatic prefix caching).",
                                         "off_flag": "--disable-prefix-caching"})
+    prefix_cache_policy: str | None = field(default=None, metadata={"help": "The prefix cache's index: hash (full "
+                                            "blocks under chained hashes) or radix (a tree of blocks: hits to the "
+                                            "token, copying a partly shared block; leaves evicted first). Default: "
+                                            "radix, hash for models with sliding-window or state layers."})
+    kv_offload_size: str | None = field(default=None, metadata={"help": "Size of the prefix cache's second tier, "
+                                        "e.g. 8GiB: evicted KV blocks are kept there and loaded back on a hit "
+                                        "(default: none)."})
+    kv_offload_path: str | None = field(default=None, metadata={"help": "Directory of the second tier's file "
+                                        "(default: the tier is kept in host memory)."})
+    eviction_policy: str = field(default="lru", metadata={"help": "Which unreferenced cached block goes first: "
+                                 "lru, lfu (fewest hits) or cost (GreedyDual-Size-Frequency over hits and the "
+                                 "block's recompute cost).", "aliases": ("--radix-eviction-policy",)})
     max_waiting_requests: int | None = field(default=None, metadata={"help": "Most requests waiting for a "
                                              "slot; one more is refused at once with 503 and Retry-After "
                                              "(default: unbounded, as vLLM and SGLang)."})
@@ -351,6 +363,12 @@ class ServerArgs:
             self._check_dcp_features(dcp, parallel, speculative, kv_transfer)
         if parallel.prefill_context_parallel_size > 1:
             self._check_pcp_features(parallel, speculative, kv_transfer, lora is not None)
+        if self.kv_offload_size:
+            refuse_combinations("--kv-offload-size", [
+                (parallel.world_size > 1 or parallel.data_parallel_size > 1, "--tp/--pp/--dp above 1",
+                 "not combined yet"),
+                (not self.enable_prefix_caching, "--disable-prefix-caching", "the tier holds the prefix cache's blocks"),
+                (kv_transfer is not None, "--kv-transfer-config", "a transfer writes blocks outside the steps")])
         if parallel.afd_ffn_ranks:
             refuse_combinations("--afd-config", [
                 (speculative is not None, "--speculative-config", "not combined yet"),
@@ -364,6 +382,8 @@ class ServerArgs:
             cache_dtype=self.kv_cache_dtype,
             kv_cache_memory_bytes=parse_size(self.kv_cache_memory, "--kv-cache-memory") if self.kv_cache_memory else None,
             num_blocks=self.num_kv_blocks,
+            offload_bytes=parse_size(self.kv_offload_size, "--kv-offload-size") if self.kv_offload_size else None,
+            offload_path=self.kv_offload_path,
             gpu_memory_utilization=self.gpu_memory_utilization,
             state_snapshots=(self.max_state_snapshots if self.max_state_snapshots is not None else
                              self.max_num_seqs if self.enable_prefix_caching else 0),
@@ -378,6 +398,8 @@ class ServerArgs:
             vocab_size=model.vocab_size,
             async_scheduling=not self.disable_async_scheduling,
             enable_prefix_caching=self.enable_prefix_caching,
+            prefix_cache_policy=self.prefix_cache_policy,
+            eviction_policy=self.eviction_policy,
             state_snapshot_interval=self.state_snapshot_interval,
             max_waiting_requests=self.max_waiting_requests,
             watchdog_timeout=self.watchdog_timeout,

@@ -25,7 +25,8 @@ class CacheConfig:
     """block_size tokens per KV block; the pool is sized by `num_blocks` if given, else by
     `kv_cache_memory_bytes`, else (CUDA) `gpu_memory_utilization` of the device or (CPU) 4 GiB.
     `state_snapshots`: rows of recurrent state kept at block boundaries for prefix-cache hits of models with state
-    layers (paid from the budget before the blocks; 0: such models get no hits)."""
+    layers (paid from the budget before the blocks; 0: such models get no hits). `offload_bytes` (None: none) sizes
+    the prefix cache's second tier, kept in host memory or, with `offload_path`, in a file in that directory."""
 
     block_size: int = 16
     cache_dtype: str = "auto"
@@ -33,6 +34,8 @@ class CacheConfig:
     num_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     state_snapshots: int = 0
+    offload_bytes: int | None = None
+    offload_path: str | None = None
     # Decode context parallelism: each rank stores 1/N of every block's tokens (`block_size` is the whole block's).
     context_parallel_size: int = 1
 

@@ -8,6 +8,8 @@ from rapid_llm.config.kv_transfer_config import KVTransferConfig
 from rapid_llm.config.lora_config import LoRAConfig
 from rapid_llm.config.speculative_config import SpeculativeConfig
 
+PREFIX_CACHE_POLICIES = ("hash", "radix")
+EVICTION_POLICIES = ("lru", "lfu", "cost")
 # As SGLang's --watchdog-timeout: long enough for one big prefill step on a CPU.
 DEFAULT_WATCHDOG_TIMEOUT_S = 300.0
 
@@ -19,7 +21,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     it are chunked. `num_kv_blocks` is filled in once the worker has sized the cache, and `kv_windows` (per KV
     table, its layers' attention window; None: the whole context) from its layers' cache specs: a request holds a
     block id per table for each block of its positions, and a table's blocks behind its window are freed.
-    `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens.
+    `enable_prefix_caching` reuses the KV of full blocks that match earlier requests' tokens, indexed by
+    `prefix_cache_policy` (hash or radix; None: radix where `cache_policy` allows it) and evicted in
+    `eviction_policy` order (scheduler_proc/cache_index.py); evicted full blocks go to an offload tier of
+    `kv_offload_slots` blocks, if the worker keeps one (scheduler_proc/offload_tier.py).
     `max_waiting_requests` bounds the waiting queue (None: unbounded, as vLLM and SGLang by default);
     a request arriving at a full queue is refused at once. `watchdog_timeout` is how long a step may
     stay unanswered before the engine is reported stuck. `speculative` turns speculative decoding on
@@ -46,6 +51,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     vocab_size: int | None = None  # token ids at or above it are rejected (they would crash the worker)
     async_scheduling: bool = True
     enable_prefix_caching: bool = True
+    prefix_cache_policy: str | None = None
+    eviction_policy: str = "lru"
+    kv_offload_slots: int = 0  # blocks the worker's offload tier holds (filled in from the worker; 0: no tier)
     max_waiting_requests: int | None = None
     watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT_S
     speculative: SpeculativeConfig | None = None
@@ -69,5 +77,21 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"--itl-target-ms must be positive milliseconds (or unset), got {self.itl_target_ms}")
         if not self.kv_windows:
             raise ValueError("kv_windows needs one entry per KV table, at least one")
+        if self.prefix_cache_policy not in (None, *PREFIX_CACHE_POLICIES):
+            raise ValueError(f"--prefix-cache-policy must be one of {', '.join(PREFIX_CACHE_POLICIES)}, "
+                             f"got {self.prefix_cache_policy!r}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"--eviction-policy must be one of {', '.join(EVICTION_POLICIES)}, "
+                             f"got {self.eviction_policy!r}")
         if not self.watchdog_timeout > 0:
             raise ValueError(f"--watchdog-timeout must be positive seconds, got {self.watchdog_timeout}")
+
+    def cache_policy(self) -> str:
+        """The prefix cache's index: radix unless asked otherwise, or where the model has sliding-window or state
+        layers, whose hits the radix tree does not track (hash; an explicit radix is refused)."""
+        radix_blocker = ("its sliding-window layers free blocks behind their window" if any(self.kv_windows)
+                         else "its state layers need state snapshots at hits" if self.recurrent_state else None)
+        if self.prefix_cache_policy == "radix" and radix_blocker is not None and self.enable_prefix_caching:
+            raise ValueError(f"--prefix-cache-policy radix is not available for this model: {radix_blocker}, which "
+                             "only the hash index tracks; use --prefix-cache-policy hash")
+        return self.prefix_cache_policy or ("hash" if radix_blocker else "radix")

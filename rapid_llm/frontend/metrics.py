@@ -56,6 +56,12 @@ class _SchedulerCounters(Collector):
         for name, doc, value in (
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", self.stats.prefix_cache_queries),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", self.stats.prefix_cache_hits),
+            ("external_prefix_cache_hits", "Prompt tokens loaded from the KV offload tier (--kv-offload-size).",
+             self.stats.external_prefix_cache_hits),
+            ("kv_offload_blocks_saved", "Evicted KV blocks saved into the offload tier.",
+             self.stats.kv_offload_blocks_saved),
+            ("kv_offload_blocks_loaded", "KV blocks loaded back from the offload tier.",
+             self.stats.kv_offload_blocks_loaded),
             ("num_preemptions", "Requests preempted (to be recomputed) when the KV cache was full.",
              self.stats.num_preemptions),
             ("spec_decode_num_drafts", "Draft sequences verified (speculative decoding).",

@@ -107,6 +107,20 @@ class BlockCopy(_Part):
     dst: int
 
 
+class TierSave(_Part):
+    """Save KV block `block` (evicted: this plan hands it out again) into slot `slot` of the offload tier."""
+
+    block: int
+    slot: int
+
+
+class TierLoad(_Part):
+    """Load slot `slot` of the offload tier into KV block `block` (a prefix hit found in the tier)."""
+
+    slot: int
+    block: int
+
+
 class LastToken(_Part):
     """The last known token of the request in `slot` is `token_id`, not what the worker sampled (beam search
     picks each beam's next token in the scheduler)."""
@@ -125,8 +139,8 @@ class Rollback(_Part):
 
 
 class StepPlan(_Message):
-    """Applied in this order: rollbacks, released slots, new requests, last tokens, block tables (new blocks
-    zeroed), block copies, then the forward."""
+    """Applied in this order: rollbacks, released slots, new requests, last tokens, the offload tier's saves read,
+    block copies, block tables (new blocks zeroed), the tier's loads, its saves kept, then the forward."""
 
     step_id: int
     released_slots: list[int] = []  # finished, aborted or preempted requests
@@ -135,6 +149,9 @@ class StepPlan(_Message):
     last_tokens: list[LastToken] = []
     block_copies: list[BlockCopy] = []
     rollbacks: list[Rollback] = []
+    tier_saves: list[TierSave] = []
+    tier_loads: list[TierLoad] = []
+    tier_prefetch: list[int] = []  # tier slots a waiting request will load
 
 
 class Shutdown(_Message):
@@ -189,6 +206,7 @@ class WorkerReady(_Message):
     # prefix-cache hit (every group's hits intersected) never exists, and beam search cannot fork their state.
     num_state_layers: int = 0
     num_state_snapshots: int = 0  # snapshot rows the scheduler may name in state_load / state_saves
+    num_offload_slots: int = 0  # blocks the KV offload tier holds (0: no tier)
 
 
 class WorkerFailed(_Message):
@@ -251,6 +269,7 @@ class StepResult(_Message):
     # Wall seconds from the step's launch to its tokens on the host (the scheduler's step cost model learns it).
     step_seconds: float = 0.0
     pooled: list[PooledPrompt] = []  # one per pooling request whose prompt ended this step
+    kv_tier_error: str = ""  # the offload tier failed (once): the scheduler stops using it
 
 
 # ---- scheduler -> detokenizer -> frontend ----------------------------------------------------
@@ -339,7 +358,10 @@ class SchedulerStats(_Message):
     kv_blocks_total: int
     num_preemptions: int = 0  # since start
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admissions, since start
-    prefix_cache_hits: int = 0  # of those, tokens found cached
+    prefix_cache_hits: int = 0  # of those, tokens found cached on the device
+    external_prefix_cache_hits: int = 0  # and tokens loaded from the KV offload tier
+    kv_offload_blocks_saved: int = 0  # evicted blocks saved into the offload tier, since start
+    kv_offload_blocks_loaded: int = 0  # blocks loaded back from it
     num_steps: int = 0  # steps whose result has arrived, since start: the engine's heartbeat
     # Speculative decoding, since start: verified draft sequences, their tokens, and the tokens accepted.
     spec_decode_num_drafts: int = 0

@@ -71,6 +71,7 @@ class SchedulerLoop:
         self.config = msgspec.structs.replace(config, num_kv_blocks=ready.num_kv_blocks, kv_windows=ready.kv_windows,
                                               recurrent_state=ready.num_state_layers > 0,
                                               state_snapshots=ready.num_state_snapshots,
+                                              kv_offload_slots=ready.num_offload_slots,
                                               num_worker_ranks=len(self.workers))
         self.scheduler = Scheduler(self.config)
         # Pipeline stages: one more plan in flight per stage after the first, each a micro-batch of other requests.

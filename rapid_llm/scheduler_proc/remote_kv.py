@@ -137,7 +137,7 @@ class RemoteKV:
         waiting for free blocks (both: dropped, lease released) or must wait for them (kept)."""
         lead, params = load.requests[0], load.params
         num_remote = len(params.remote_block_ids)
-        hits = self._prefix_cache.lookup(lead)[:num_remote]
+        hits = self._prefix_cache.lookup(lead).block_ids[:num_remote]
         if len(hits) == num_remote:
             self._end_unsent(transfer_id, load)
             return False
@@ -204,10 +204,7 @@ class RemoteKV:
         if failures or not load.requests:
             self._blocks.free(reversed(load.held))
         else:
-            hashes = load.requests[0].block_hashes(len(load.held))
-            for index in range(load.num_local, len(load.held)):
-                if self._blocks.cached_block(hashes[index]) is None:
-                    self._blocks.cache_block(load.held[index], hashes[index])
+            self._prefix_cache.cache_blocks(load.requests[0], 0, load.held, load.num_local, len(load.held))
             self._pinned.setdefault(transfer_id, []).append(load)
         return bool(failures)
 

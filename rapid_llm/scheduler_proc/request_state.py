@@ -131,11 +131,11 @@ class RequestState:
         while len(self._block_hashes) < num_blocks:
             start = len(self._block_hashes) * self.block_size
             parent = self._block_hashes[-1] if self._block_hashes else None
-            tokens = self._known_token_slice(start, start + self.block_size)
+            tokens = self.token_slice(start, start + self.block_size)
             self._block_hashes.append(hash_block(parent, tokens, self.extra_cache_key))
         return self._block_hashes
 
-    def _known_token_slice(self, start: int, end: int) -> list[int]:
+    def token_slice(self, start: int, end: int) -> list[int]:
         """known_token_ids()[start:end] without copying the whole sequence."""
         split = self.num_prompt_tokens
         if end <= split:

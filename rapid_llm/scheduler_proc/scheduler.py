@@ -25,7 +25,7 @@ from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.admission import DuplicateRequestId, check_admissible
 from rapid_llm.scheduler_proc.beam_group import BeamGroup
 from rapid_llm.scheduler_proc.plan_record import PlanDraft, StepRecord
-from rapid_llm.scheduler_proc.request_state import FREED_BLOCK, RequestState, RequestStatus
+from rapid_llm.scheduler_proc.request_state import RequestState, RequestStatus
 from rapid_llm.scheduler_proc.step_cost import PrefillAllowance, step_features
 from rapid_llm.scheduler_proc.step_policy import (BEAM, PLAIN, REMOTE_DECODE, SPECULATIVE, RemotePrefillPolicy, StepAsk,
                                                   StepPolicy)
@@ -82,12 +82,14 @@ class Scheduler(StepResults):
     # ---- planning ----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
+        self._prefix_cache.planning(self._next_step_id)
         draft = PlanDraft(budget=self.config.max_num_batched_tokens, prefill=self._prefill_allowance())
         preempted = self._schedule_running(draft)
         # After a preemption, admitting (even the victim, with a small chunk) would only thrash.
         if not preempted:
             self._schedule_waiting(draft)
-        if not draft.chunks:
+        tier_saves, tier_loads, tier_prefetch = self.tier.take_plan() if self.tier is not None else ([], [], [])
+        if not draft.chunks and not tier_saves and not tier_loads and not tier_prefetch:
             return None
         plan = StepPlan(
             step_id=self._next_step_id,
@@ -97,6 +99,9 @@ class Scheduler(StepResults):
             scheduled=draft.chunks,
             last_tokens=draft.last_tokens,
             block_copies=draft.block_copies,
+            tier_saves=tier_saves,
+            tier_loads=tier_loads,
+            tier_prefetch=tier_prefetch,
         )
         self._released_slots = []
         self._rollbacks = {}
@@ -180,9 +185,11 @@ class Scheduler(StepResults):
             # FCFS: nobody overtakes a request that cannot be admitted yet.
             if (ask is None or len(self._free_slots) < ask.num_slots or not self._blocks.can_allocate(ask.num_blocks)
                     or not self._adapter_fits(request)):
+                if ask is not None and ask.cache_hit is not None and ask.cache_hit.tier_slots:
+                    self.tier.prefetch(ask.cache_hit.tier_slots)  # read ahead what its admission will load
                 return
             self._waiting.popleft()
-            self._prefix_cache.take(request, ask.cached_block_ids)
+            ask.cached_block_ids = self._prefix_cache.take(request, ask.cache_hit, draft.block_copies)
             request.mark_scheduled()
             request.status = RequestStatus.RUNNING
             slots = [heapq.heappop(self._free_slots) for _ in range(ask.num_slots)]
@@ -201,16 +208,16 @@ class Scheduler(StepResults):
     def admission_ask(self, request: RequestState, draft: PlanDraft, num_slots: int) -> StepAsk | None:
         """The first chunk after the request's prefix-cache hits, with the blocks it needs and `num_slots` slots;
         None when no token can be computed this step."""
-        hits = self._prefix_cache.lookup(request)
-        num_hits = len(hits) // len(self.config.kv_windows)  # per KV table
-        num_computed = num_hits * self.config.block_size
+        hit = self._prefix_cache.lookup(request)
+        num_computed = hit.num_tokens(self.config.block_size)
         num_new = self.num_new_tokens(request, num_computed, draft)
         if num_new == 0:
             return None
-        # Hits that nobody references sit in the free queue: sharing them leaves fewer to allocate.
-        num_blocks = (self._num_new_blocks(num_computed, num_hits, num_new)
-                      + self._blocks.num_unreferenced(block for block in hits if block != FREED_BLOCK))
-        return StepAsk(num_new, num_blocks, num_slots=num_slots, cached_block_ids=hits)
+        # Hits that nobody references are free: sharing them (a partial hit's source while it is copied) leaves
+        # fewer to allocate.
+        num_blocks = (self._num_new_blocks(num_computed, hit.num_blocks, num_new)
+                      + self._blocks.num_unreferenced(hit.blocks_to_share()))
+        return StepAsk(num_new, num_blocks, num_slots=num_slots, cache_hit=hit)
 
     def start_request(self, draft: PlanDraft, request: RequestState, slot: int, params: SamplingParams) -> None:
         """The request enters `slot` with its known tokens; the worker samples for it with `params`."""

@@ -18,7 +18,8 @@ from collections import deque
 from rapid_llm.config.scheduler_config import SchedulerConfig
 from rapid_llm.ipc.messages import (DetokenizeRequest, KVLease, KVLoad, KVTransferEnded, Rollback, SchedulerStats,
                                     TokenBatch)
-from rapid_llm.scheduler_proc.block_manager import BlockManager
+from rapid_llm.scheduler_proc.block_manager import BlockManager, make_index
+from rapid_llm.scheduler_proc.offload_tier import OffloadTier
 from rapid_llm.scheduler_proc.plan_record import StepRecord
 from rapid_llm.scheduler_proc.prefix_cache import PrefixCache
 from rapid_llm.scheduler_proc.remote_kv import RemoteKV
@@ -51,8 +52,10 @@ class SchedulerState:
             raise ValueError("--kv-transfer-config with a model of sliding-window and full layers or recurrent state: "
                              "the built-in transfer moves one KV table's blocks, not several tables or states")
         self.config = config
-        self._blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self._blocks = BlockManager(config.num_kv_blocks, config.block_size, make_index(
+            config.cache_policy(), config.num_kv_blocks, config.eviction_policy))
         self._prefix_cache = PrefixCache(self._blocks, config)
+        self.tier = self._offload_tier(config)
         self._free_slots = list(range(config.max_num_seqs))  # a sorted list is already a heap
         self._released_slots: list[int] = []
         self._requests: dict[str, RequestState] = {}
@@ -74,11 +77,28 @@ class SchedulerState:
                                        config.num_kv_blocks // 2,
                                        self._blocks.blocks_for_tokens(config.max_num_batched_tokens))))
 
+    def _offload_tier(self, config: SchedulerConfig) -> OffloadTier | None:
+        """The offload tier the worker keeps, hooked to the prefix cache's evictions."""
+        if not config.kv_offload_slots or not config.enable_prefix_caching:
+            return None
+        blocker = ("its sliding-window and full layers keep several KV tables" if len(config.kv_windows) > 1 else
+                   "its state layers need state snapshots at hits" if config.recurrent_state else
+                   "a KV transfer writes blocks outside the steps" if config.kv_transfer is not None else None)
+        if blocker is not None:
+            raise ValueError(f"--kv-offload-size is not available here: {blocker}, which the offload tier does not "
+                             "handle yet")
+        tier = OffloadTier(config.kv_offload_slots, config.block_size)
+        self._blocks.index.on_evict = tier.save
+        self._prefix_cache.tier = tier
+        return tier
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request is unfinished."""
         if self.has_unfinished_requests():
             return False
         self._blocks.reset_cache()
+        if self.tier is not None:
+            self.tier.reset()
         if self._prefix_cache.snapshots is not None:
             self._prefix_cache.snapshots.reset()
         return True
@@ -135,6 +155,12 @@ class SchedulerState:
     def block_manager(self) -> BlockManager:
         return self._blocks
 
+    def free_blocks_of(self, request: RequestState) -> None:
+        """Return the request's blocks, its partly filled last one offered to the prefix cache first."""
+        self._prefix_cache.keep_partial(request)
+        self._blocks.free(reversed(request.held_block_ids()))
+        request.clear_blocks()
+
     def release_slots(self, slots: list[int]) -> None:
         """Slots free for the next admission; the next plan tells the worker, and no cut is owed for them."""
         for slot in slots:
@@ -184,6 +210,9 @@ class SchedulerState:
             num_preemptions=self._num_preemptions,
             prefix_cache_queries=self._prefix_cache.queries,
             prefix_cache_hits=self._prefix_cache.hits,
+            external_prefix_cache_hits=self._prefix_cache.tier_hits,
+            kv_offload_blocks_saved=self.tier.num_saved if self.tier else 0,
+            kv_offload_blocks_loaded=self.tier.num_loaded if self.tier else 0,
             num_steps=self._num_steps_done,
             spec_decode_num_drafts=counters.num_drafts if counters else 0,
             spec_decode_num_draft_tokens=counters.num_draft_tokens if counters else 0,

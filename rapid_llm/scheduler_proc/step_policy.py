@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rapid_llm.ipc.messages import StepResult
     from rapid_llm.sampling import SamplingParams
     from rapid_llm.scheduler_proc.plan_record import PlanDraft
+    from rapid_llm.scheduler_proc.prefix_cache import CacheHit
     from rapid_llm.scheduler_proc.request_state import RequestState
     from rapid_llm.scheduler_proc.scheduler import Scheduler
 
@@ -30,12 +31,13 @@ if TYPE_CHECKING:
 @dataclass
 class StepAsk:
     """What a request takes from this step: tokens of the budget, new KV blocks, and drafts to verify; when it is
-    admitted, also its slots and the prefix-cache hits it starts from."""
+    admitted, also its slots and the prefix-cache hit it starts from (`cached_block_ids` once it is taken)."""
 
     num_new: int
     num_blocks: int
     drafts: list[int] = field(default_factory=list)
     num_slots: int = 0
+    cache_hit: CacheHit | None = None
     cached_block_ids: list[int] = field(default_factory=list)
 
 
@@ -72,8 +74,7 @@ class StepPolicy:
         """It ended or is preempted: its blocks and slots go back now (the worker runs steps in order, so no later
         step reads them). Full blocks stay cached; freeing the last block first makes the prefix's tail evicted
         first."""
-        scheduler.block_manager.free(reversed(request.held_block_ids()))
-        request.clear_blocks()
+        scheduler.free_blocks_of(request)
         scheduler.release_slots(self.slots_of(request))
         request.slot = None
 

@@ -31,6 +31,8 @@ class StepResults(SchedulerState):
             self._prefix_cache.snapshots.commit(record.snapshot_saves, {failure.slot for failure in result.failures})
         if result.step_seconds > 0:
             self._step_cost.observe(record.features, result.step_seconds)
+        if result.kv_tier_error and self.tier is not None:
+            self.tier.disable(result.kv_tier_error)
         # Failures first: recomputing the requests that read a failed request's blocks makes this
         # step's tokens of theirs stale (their epoch changes), so they are dropped below.
         for failure in result.failures:
@@ -39,6 +41,7 @@ class StepResults(SchedulerState):
             # (it fails again, and is reported again, if it comes back) ends nothing.
             if request is not None and failure.slot in request.policy.slots_of(request):
                 self._fail(request, failure.error)
+        self._prefix_cache.reported(result.step_id)
         # Before the tokens: the chunk that ends a prompt also samples its first token, which carries them out.
         for chunk in result.prompt_logprobs:
             request = self._requests.get(chunk.request_id)

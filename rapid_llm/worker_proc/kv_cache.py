@@ -140,6 +140,19 @@ class KVCache:
             blocks = blocks.narrow(_HEAD_DIM, start, count)
         return blocks.contiguous().cpu()
 
+    def read_block_rows(self, tensor: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """`read_blocks` with one row of bytes per block: [len(block_ids), bytes of one block] (the offload tier)."""
+        block_dim = self._distinct[tensor][1].block_dim
+        return self.read_blocks(tensor, block_ids).movedim(block_dim, 0).reshape(len(block_ids), -1)
+
+    def write_block_rows(self, tensor: int, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        """The rows `read_block_rows` gave into blocks `block_ids` of `tensor`."""
+        layer, spec = self._distinct[tensor]
+        page = list(layer.kv_cache.view(torch.uint8).shape)
+        del page[spec.block_dim]
+        blocks = rows.reshape(len(block_ids), *page).movedim(0, spec.block_dim)
+        self.write_blocks(tensor, block_ids, blocks.contiguous().view(-1))
+
     def memory_regions(self) -> list[tuple[int, int]]:
         """(address, bytes) of each distinct tensor: what a transfer engine registers."""
         return [(layer.kv_cache.data_ptr(), layer.kv_cache.nbytes) for layer, _ in self._distinct]

@@ -40,6 +40,7 @@ from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
 from rapid_llm.worker_proc.kv_agent import KVAgent
+from rapid_llm.worker_proc.kv_tier import open_tier
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.step_profiler import step_profiler_from_env
 from rapid_llm.worker_proc.worker import PendingResult, Worker
@@ -83,16 +84,19 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         num_blocks = world_min(runner.num_blocks)
         kv_transfer = config.scheduler.kv_transfer
         agent = None if kv_transfer is None else KVAgent(runner.kv_cache, kv_transfer, paths, rank, world_size)
+        tier = open_tier(runner.kv_cache, config.cache.offload_bytes, config.cache.offload_path)
         if results is not None:
             results.send(WorkerReady(num_kv_blocks=num_blocks, kv_windows=runner.kv_cache.windows,
                                      num_state_layers=runner.cache_groups.num_state_layers,
-                                     num_state_snapshots=runner.cache_groups.num_snapshots))
+                                     num_state_snapshots=runner.cache_groups.num_snapshots,
+                                     num_offload_slots=tier.num_slots if tier is not None else 0))
         if agent is not None:
             agent.start()
         report_ready(ready, {"num_kv_blocks": num_blocks, "kv_cache_tokens": runner.num_tokens,
                              "kv_cache_bytes": runner.kv_cache.num_bytes, "weight_bytes": runner.weight_bytes,
                              "state_cache_bytes": runner.cache_groups.state_bytes,
                              "state_snapshots": runner.cache_groups.num_snapshots,
+                             "kv_offload_blocks": tier.num_slots if tier is not None else 0,
                              "ops": runner.op_choices,
                              "lora_targets": None if runner.lora is None else runner.lora.targets,
                              "cpu_threads": thread_policy.short_step_threads if thread_policy else None,
@@ -101,7 +105,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
         report_failure(ready, error)
         sys.exit(1)
 
-    worker = Worker(runner, config.tokenizer, thread_policy)
+    worker = Worker(runner, config.tokenizer, thread_policy, tier)
     overlap = runner.device.type == "cuda"
     pending: PendingResult | None = None
     while True:

@@ -26,6 +26,7 @@ from rapid_llm.structured.compiler import GrammarCompilerPool
 from rapid_llm.structured.manager import StructuredOutputs
 from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy
 from rapid_llm.worker_proc.deferred_output import PendingOutput
+from rapid_llm.worker_proc.kv_tier import KVTier
 from rapid_llm.worker_proc.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -40,13 +41,14 @@ class PendingResult:
     output: PendingOutput | None
     failures: list[SlotFailure]
     launched_at: float  # time.perf_counter() when the plan arrived at `launch`
+    tier_error: str = ""  # the offload tier's failure, reported once
 
     def result(self) -> StepResult:
         output = self.output.result() if self.output is not None else None
         seconds = time.perf_counter() - self.launched_at
         if output is None:
             return StepResult(step_id=self.step_id, slots=[], token_ids=[], failures=self.failures,
-                              step_seconds=seconds)
+                              step_seconds=seconds, kv_tier_error=self.tier_error)
         return StepResult(
             step_id=self.step_id,
             slots=[self.chunks[row].slot for row in output.rows],
@@ -58,16 +60,19 @@ class PendingResult:
             prompt_logprobs=output.prompt_logprobs,
             step_seconds=seconds,
             pooled=output.pooled,
+            kv_tier_error=self.tier_error,
         )
 
 
 class Worker:
     def __init__(self, runner: ModelRunner, tokenizer: str | None = None,
-                 thread_policy: CpuThreadPolicy | None = None) -> None:
+                 thread_policy: CpuThreadPolicy | None = None, tier: KVTier | None = None) -> None:
         """`tokenizer`: the directory structured output builds its vocabulary from (default: the model's);
-        `thread_policy`: the CPU thread count for each step by its token count (None: left as it is)."""
+        `thread_policy`: the CPU thread count for each step by its token count (None: left as it is); `tier`: the
+        KV offload tier the plans save into and load from."""
         self.runner = runner
         self.thread_policy = thread_policy
+        self.tier = tier
         model = runner.model_config
         self.structured = StructuredOutputs(GrammarCompilerPool(
             tokenizer or model.model, model.vocab_size, model.eos_token_ids, model.trust_remote_code))
@@ -126,8 +131,23 @@ class Worker:
         if plan.last_tokens:
             self.runner.set_last_tokens([last.slot for last in plan.last_tokens],
                                         [last.token_id for last in plan.last_tokens])
+        if (plan.tier_saves or plan.tier_loads) and self.tier is None:
+            raise ValueError(f"step {plan.step_id} uses a KV offload tier this worker does not keep")
+        staged = self.tier.stage([(save.block, save.slot) for save in plan.tier_saves]) if plan.tier_saves else []
+        if plan.block_copies:
+            # Copy-on-write targets are not zeroed (they ride in cached_block_ids): the copy fills them whole. Copied
+            # before the zeroing, because a partial prefix hit's source may be evicted and handed out fresh by this
+            # very plan.
+            self.runner.copy_blocks([copy.src for copy in plan.block_copies], [copy.dst for copy in plan.block_copies])
         # Only fresh blocks: prefix-cache hits hold KV that this or an earlier step writes.
         self.runner.clear_blocks([block for chunk in chunks for block in chunk.new_block_ids])
+        tier_error = ""
+        if self.tier is not None:
+            # Loads before the saves are kept: a plan may load a slot that one of its saves overwrites.
+            self.tier.load([(load.slot, load.block) for load in plan.tier_loads])
+            self.tier.commit(staged)
+            self.tier.prefetch(plan.tier_prefetch)
+            tier_error = self.tier.take_error()
         for chunk in chunks:
             if not self.runner.holds_request(chunk.slot):
                 raise ValueError(f"step {plan.step_id} schedules slot {chunk.slot}, which holds no request")
@@ -139,16 +159,13 @@ class Worker:
         drafting = [chunk for chunk in chunks if chunk.draft_token_ids]
         if drafting:
             self.runner.write_drafts([chunk.slot for chunk in drafting], [chunk.draft_token_ids for chunk in drafting])
-        if plan.block_copies:
-            # Copy-on-write targets are not zeroed (they ride in cached_block_ids): the copy fills them whole.
-            self.runner.copy_blocks([copy.src for copy in plan.block_copies], [copy.dst for copy in plan.block_copies])
         if self.structured.active:
             # A sampling request whose grammar cannot be built fails alone, before the step.
             failures += self._fail_slots(self.structured.wait_for_grammars(
                 [chunk.slot for chunk in chunks if self.runner.samples(chunk)]))
             chunks = [chunk for chunk in chunks if chunk.slot not in self.failed_slots]
         output = self.runner.launch(chunks, self.structured) if chunks else None
-        return PendingResult(plan.step_id, chunks, output, failures, launched_at)
+        return PendingResult(plan.step_id, chunks, output, failures, launched_at, tier_error)
 
     def add_request(self, new: NewRequest) -> None:
         """Prepare the slot's state; raises if the request cannot be served, leaving the slot empty."""

@@ -1,8 +1,9 @@
 """Prefix caching end to end.
 
-Golden: greedy tokens through the offline engine are identical with caching on and off (and equal
-transformers') for prompts that share prefixes shorter than a block, of exactly N blocks and of N
-blocks plus a few tokens, with chunked prefill and under preemption. Server: a repeated long prompt
+Golden: greedy tokens through the offline engine are identical with caching on and off, with the hash and the
+radix index (and equal transformers') for prompts that share prefixes shorter than a block, of exactly N blocks
+and of N blocks plus a few tokens, with chunked prefill and under preemption; the radix index's hits count to the
+token (copy-on-write of the block where a prompt leaves the cached one). Server: a repeated long prompt
 reports its cached tokens, /metrics counts them, and /flush_cache empties the cache.
 """
 
@@ -29,15 +30,16 @@ BASE = random_tokens(48, seed=21)  # three 16-token blocks
 # The first batch writes the cache: its second prompt shares all three blocks of the first, so it hits
 # them in the same step (or, with chunked prefill, while the step writing the last one is in flight).
 FIRST_BATCH = [BASE, BASE + random_tokens(5, seed=22)]
-# The second batch reuses what the first left cached, with (cached tokens at 16 tokens per block):
+# The second batch reuses what the first left cached, with (cached tokens at 16 tokens per block: whole blocks with
+# the hash index, to the token with the radix index):
 SECOND_BATCH = [
-    (BASE[:10] + random_tokens(8, seed=23), 0),  # a shared prefix shorter than a block
-    (BASE[:32] + random_tokens(5, seed=24), 32),  # exactly two blocks, then its own tokens
-    (BASE[:35] + random_tokens(6, seed=25), 32),  # two blocks and three tokens
-    (BASE[:32], 16),  # all cached: its last block is recomputed to have a token to sample from
-    (BASE[:40], 32),  # two blocks and half of the third
+    (BASE[:10] + random_tokens(8, seed=23), 0, 10),  # a shared prefix shorter than a block
+    (BASE[:32] + random_tokens(5, seed=24), 32, 32),  # exactly two blocks, then its own tokens
+    (BASE[:35] + random_tokens(6, seed=25), 32, 35),  # two blocks and three tokens: leaves block 3 inside it
+    (BASE[:32], 16, 31),  # all cached: one token is computed, to have a token to sample from
+    (BASE[:40], 32, 39),  # two blocks and half of the third
 ]
-PROMPTS = FIRST_BATCH + [prompt for prompt, _ in SECOND_BATCH]
+PROMPTS = FIRST_BATCH + [prompt for prompt, *_ in SECOND_BATCH]
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,13 @@ def expected(checkpoint) -> list[list[int]]:
     ("engine_args", "counts_cached"),
     [
         pytest.param({}, True, id="caching"),
+        pytest.param({"prefix_cache_policy": "hash"}, True, id="caching-hash"),
         pytest.param({"enable_prefix_caching": False}, False, id="no-caching"),
         pytest.param({"max_num_batched_tokens": 8}, True, id="caching-chunked"),
+        pytest.param({"max_num_batched_tokens": 8, "prefix_cache_policy": "hash"}, True, id="caching-chunked-hash"),
         pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80}, False, id="caching-preemption"),
+        pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80, "prefix_cache_policy": "hash"},
+                     False, id="caching-preemption-hash"),
     ],
 )
 def test_greedy_tokens_are_the_same_with_and_without_caching(checkpoint, expected, engine_args, counts_cached,
@@ -59,11 +65,12 @@ def test_greedy_tokens_are_the_same_with_and_without_caching(checkpoint, expecte
     args = {"num_kv_blocks": 128, "log_level": "info", **engine_args}
     with LLM(model=str(checkpoint), **args) as llm:
         first = llm.generate(FIRST_BATCH, GREEDY)
-        second = llm.generate([prompt for prompt, _ in SECOND_BATCH], GREEDY)
+        second = llm.generate([prompt for prompt, *_ in SECOND_BATCH], GREEDY)
     assert [o.token_ids for o in first + second] == expected
     cached = [o.num_cached_tokens for o in first + second]
     if counts_cached:
-        assert cached == [0, 48] + [count for _, count in SECOND_BATCH]
+        radix = engine_args.get("prefix_cache_policy", "radix") == "radix"
+        assert cached == [0, 48] + [by_radix if radix else by_hash for _, by_hash, by_radix in SECOND_BATCH]
     elif "block_size" in engine_args:
         assert "preempt" in capfd.readouterr().err.lower()
         assert any(cached), "blocks are reused even under memory pressure"

@@ -110,3 +110,22 @@ def test_a_failed_request_ends_alone_with_its_error_and_readers_of_its_blocks_ar
     resumed = next(new for new in replan.new_requests if new.request_id == "reader")
     chunk = next(chunk for chunk in replan.scheduled if chunk.slot == resumed.slot)
     assert (chunk.num_computed_tokens, chunk.cached_block_ids) == (0, [])
+
+
+def test_no_request_copies_a_block_before_its_writing_step_reports() -> None:
+    """Radix partial hits copy a block at the start of a step: a block whose writing step (still in flight, async
+    scheduling) fails must never have been copied, since its copy would not be found among the failure's readers."""
+    sched = scheduler(prefix_cache_policy="radix")
+    sched.add_request(request("failing", list(range(1, 10))))
+    first = sched.schedule()
+    sched.add_request(request("copier", [1, 2, 3, 4, 5, 6, 40, 41]))  # leaves the failing prompt inside block 2
+    second = sched.schedule()  # planned while the first step runs
+    assert second.block_copies == [], "the first step has not reported: nothing it writes may be copied yet"
+    slot = {new.request_id: new.slot for new in first.new_requests}
+    sched.process_result(StepResult(first.step_id, slots=[], token_ids=[],
+                                    failures=[SlotFailure(slot["failing"], "failing", "ValueError: boom")]))
+    sched.add_request(request("later", [1, 2, 3, 4, 5, 6, 50, 51]))
+    third = sched.schedule()
+    failed_blocks = {block for chunk in first.scheduled for block in chunk.new_block_ids}
+    reused = {block for chunk in third.scheduled for block in chunk.cached_block_ids}
+    assert third.block_copies == [] and not reused & failed_blocks, "the failed step's blocks left the cache"

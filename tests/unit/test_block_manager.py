@@ -10,8 +10,8 @@ from rapid_llm.utils.block_hash import hash_block
 
 
 def num_cached_blocks(pool: BlockManager) -> int:
-    # Nothing in the engine needs this count, so the pool has no API for it; tests read its map.
-    return len(pool._block_of)
+    # Nothing in the engine needs this count, so the pool has no API for it; tests read the hash index's map.
+    return len(pool.index._block_of)
 
 
 def test_allocate_hands_out_distinct_blocks_and_counts_them() -> None:

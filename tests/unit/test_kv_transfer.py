@@ -13,26 +13,14 @@ import pytest
 import torch
 import zmq
 
-from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
 from rapid_llm.worker_proc.kv_cache import KVCache
 from rapid_llm.worker_proc.kv_mooncake import mooncake_missing
 from rapid_llm.worker_proc.kv_transfer import KVLoadError, KVReceiver, KVSender
-from rapid_llm.worker_proc.model_runner import ModelRunner
 from tests.e2e.server import free_port
+from tests.unit.random_kv_cache import random_kv_cache
 
 CASES = {"bf16": ("LlamaForCausalLM", "auto"), "fp8": ("LlamaForCausalLM", "fp8"),
          "mla": ("DeepseekV3ForCausalLM", "auto")}
-
-
-def _cache(checkpoint, cache_dtype: str, block_size: int = 4) -> KVCache:
-    config = ModelConfig.from_pretrained(str(checkpoint), max_model_len=32)
-    runner = ModelRunner(config, CacheConfig(block_size=block_size, num_blocks=12, cache_dtype=cache_dtype),
-                         DeviceConfig("cpu"), max_num_seqs=2)
-    generator = torch.Generator().manual_seed(0)
-    for layer in runner.kv_cache.layers:
-        raw = layer.kv_cache.view(torch.uint8)
-        raw.copy_(torch.randint(0, 120, raw.shape, dtype=torch.uint8, generator=generator))
-    return runner.kv_cache
 
 
 class Serving:
@@ -75,7 +63,7 @@ class Serving:
 def test_leased_blocks_arrive_byte_for_byte_and_the_lease_ends_done(tiny_checkpoint, case: str) -> None:
     architecture, cache_dtype = CASES[case]
     checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
-    producer, consumer = _cache(checkpoint, cache_dtype), _cache(checkpoint, cache_dtype)
+    producer, consumer = random_kv_cache(checkpoint, cache_dtype), random_kv_cache(checkpoint, cache_dtype)
     untouched = [0, 1, 3, 4, 5, 7, 8, 9, 11]
     before = [consumer.read_blocks(t, untouched) for t in range(consumer.num_tensors)]
     with Serving(producer) as serving:
@@ -89,8 +77,8 @@ def test_leased_blocks_arrive_byte_for_byte_and_the_lease_ends_done(tiny_checkpo
 
 def test_unknown_expired_and_foreign_leases_are_refused_with_the_reason(tiny_checkpoint) -> None:
     checkpoint = tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16)
-    producer, consumer = _cache(checkpoint, "auto"), _cache(checkpoint, "auto")
-    other_layout = _cache(checkpoint, "auto", block_size=8)
+    producer, consumer = random_kv_cache(checkpoint, "auto"), random_kv_cache(checkpoint, "auto")
+    other_layout = random_kv_cache(checkpoint, "auto", block_size=8)
     with Serving(producer) as serving:
         receiver = KVReceiver(consumer, zmq.Context())
         with pytest.raises(KVLoadError, match="no lease 'nobody'"):
@@ -111,7 +99,7 @@ def test_unknown_expired_and_foreign_leases_are_refused_with_the_reason(tiny_che
 
 
 def test_a_producer_that_never_answers_fails_the_load_by_its_deadline(tiny_checkpoint) -> None:
-    consumer = _cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16), "auto")
+    consumer = random_kv_cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16), "auto")
     context = zmq.Context()
     silent = context.socket(zmq.ROUTER)
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -128,10 +116,10 @@ def test_a_producer_that_never_answers_fails_the_load_by_its_deadline(tiny_check
 @pytest.mark.parametrize(("num_heads", "tp_size"), [(2, 2), (2, 4)], ids=["sliced", "replicated"])
 def test_each_rank_of_a_tensor_parallel_reader_gets_its_heads_and_the_lease_ends_with_the_last(
         tiny_checkpoint, num_heads: int, tp_size: int) -> None:
-    producer = _cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=num_heads), "auto")
+    producer = random_kv_cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=num_heads), "auto")
     # A rank's cache holds max(1, heads / ranks) heads: what a checkpoint with that many KV heads builds.
     per_rank = max(1, num_heads // tp_size)
-    ranks = [_cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=per_rank), "auto")
+    ranks = [random_kv_cache(tiny_checkpoint("LlamaForCausalLM", dtype=torch.bfloat16, num_key_value_heads=per_rank), "auto")
              for _ in range(tp_size)]
     with Serving(producer) as serving:
         serving.lease("tp", [3, 5])
@@ -155,7 +143,7 @@ def test_the_mooncake_data_plane_moves_the_same_bytes_and_a_zmq_producer_refuses
 
     architecture, cache_dtype = CASES[case]
     checkpoint = tiny_checkpoint(architecture, dtype=torch.bfloat16)
-    producer, consumer = _cache(checkpoint, cache_dtype), _cache(checkpoint, cache_dtype)
+    producer, consumer = random_kv_cache(checkpoint, cache_dtype), random_kv_cache(checkpoint, cache_dtype)
     with Serving(producer, MooncakeDataPlane(producer, "127.0.0.1")) as serving:
         serving.lease("m1", [3, 5, 7])
         receiver = KVReceiver(consumer, zmq.Context(), mooncake=MooncakeDataPlane(consumer, "127.0.0.1"))
@@ -165,7 +153,7 @@ def test_the_mooncake_data_plane_moves_the_same_bytes_and_a_zmq_producer_refuses
                         for _, size in producer.block_segments(tensor, [5, 7]))
     for tensor in range(consumer.num_tensors):
         assert torch.equal(consumer.read_blocks(tensor, [10, 2]), producer.read_blocks(tensor, [5, 7]))
-    with Serving(_cache(checkpoint, cache_dtype)) as plain:
+    with Serving(random_kv_cache(checkpoint, cache_dtype)) as plain:
         plain.lease("m2", [1])
         with pytest.raises(KVLoadError, match="start both instances with the same kv_connector"):
             receiver.load(plain.address, "m2", [1], deadline_s=10)

@@ -5,6 +5,7 @@ every block but is refused while requests are unfinished."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from rapid_llm.ipc.messages import ScheduledChunk, StepPlan
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from tests.unit.test_scheduler import (Event, FakeWorker, counting_model, drive, expected_outcomes, hashed_model,
-                                      make_config, request)
+                                      make_config, random_workload, request)
 
 
 def run_until_idle(scheduler: Scheduler, worker: FakeWorker, depth: int = 1) -> list[StepPlan]:
@@ -43,9 +44,10 @@ def cached_tokens_reported(scheduler: Scheduler) -> dict[str, int]:
     return {update.request_id: update.num_cached_tokens for update in batch.updates}
 
 
+@pytest.mark.parametrize("policy", ["hash", "radix"])
 @pytest.mark.parametrize("depth", [1, 2], ids=["lockstep", "async"])
-def test_a_repeated_prompt_reuses_full_blocks_but_computes_at_least_one_token(depth: int) -> None:
-    config = make_config(block_size=4)
+def test_a_repeated_prompt_reuses_full_blocks_but_computes_at_least_one_token(depth: int, policy: str) -> None:
+    config = make_config(block_size=4, prefix_cache_policy=policy)
     scheduler, worker = Scheduler(config), FakeWorker(config, hashed_model)
     prompt = list(range(1, 9))  # exactly 2 blocks
     scheduler.add_request(request("first", prompt, max_tokens=1))
@@ -53,17 +55,25 @@ def test_a_repeated_prompt_reuses_full_blocks_but_computes_at_least_one_token(de
     assert cached_tokens_reported(scheduler) == {"first": 0}
     first_blocks = worker.plans[0].scheduled[0].new_block_ids
 
-    scheduler.add_request(request("same", prompt, max_tokens=3))  # the last block is recomputed, not shared
+    # The last block is written, so not shared: hash recomputes it; radix copies its first 3 tokens.
+    scheduler.add_request(request("same", prompt, max_tokens=3))
     scheduler.add_request(request("longer", prompt + [9], max_tokens=3))  # only its 9th token is computed
     scheduler.add_request(request("other", [5, *prompt[1:]], max_tokens=3))  # differs in block 0: no hit
     plans = run_until_idle(scheduler, worker, depth)
     same, longer, other = (first_chunk(plans, rid) for rid in ("same", "longer", "other"))
-    assert (same.cached_block_ids, same.num_computed_tokens, same.num_new_tokens) == (first_blocks[:1], 4, 4)
+    num_same = 7 if policy == "radix" else 4
+    assert (same.cached_block_ids[:1], same.num_computed_tokens, same.num_new_tokens) == (first_blocks[:1], num_same,
+                                                                                           8 - num_same)
+    copies = [copy for plan in plans for copy in plan.block_copies]
+    if policy == "radix":
+        assert [(copy.src, copy.dst) for copy in copies] == [(first_blocks[1], same.cached_block_ids[1])]
+    else:
+        assert same.cached_block_ids == first_blocks[:1] and copies == []
     assert (longer.cached_block_ids, longer.num_computed_tokens, longer.num_new_tokens) == (first_blocks, 8, 1)
     assert (other.cached_block_ids, other.num_computed_tokens) == ([], 0)
-    assert cached_tokens_reported(scheduler) == {"same": 4, "longer": 8, "other": 0}
+    assert cached_tokens_reported(scheduler) == {"same": num_same, "longer": 8, "other": 0}
     stats = scheduler.stats()
-    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (8 + 8 + 9 + 8, 12)
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (8 + 8 + 9 + 8, num_same + 8)
     assert stats.kv_blocks_used == 0 and scheduler._blocks.num_free_blocks == config.num_kv_blocks
 
 
@@ -117,3 +127,19 @@ def test_flush_is_refused_while_requests_are_unfinished_and_forgets_every_block(
     assert scheduler.reset_prefix_cache() is False, "a waiting request also counts"
     chunk = first_chunk(run_until_idle(scheduler, worker), "b")
     assert (chunk.cached_block_ids, chunk.num_computed_tokens) == ([], 0)
+
+
+@pytest.mark.parametrize("policy", ["hash", "radix"])
+def test_the_offload_tier_gives_back_evicted_prefixes_exactly(policy: str) -> None:
+    """A cache of 16 blocks under a workload that evicts, with a tier of 2 or 3 slots (so that one plan saves into
+    slots it also loads), lockstep and async, chunked or not: every output is the reference's, and the tier is both
+    written and read."""
+    loads = 0
+    for seed, slots, depth, budget in itertools.product(range(3), (2, 3), (1, 2), (5, 256)):
+        config = make_config(num_kv_blocks=16, prefix_cache_policy=policy, kv_offload_slots=slots,
+                             max_num_batched_tokens=budget)
+        events = random_workload(seed)
+        run = drive(config, events, depth)
+        assert run.outcomes == expected_outcomes(events, config)
+        loads += sum(len(plan.tier_loads) for plan in run.worker.plans)
+    assert loads > 0

@@ -29,7 +29,9 @@ def _wave(rng: random.Random, wave: int) -> list[GenerateRequest]:
 def test_speculation_state_is_released_with_its_requests(tiny_checkpoint) -> None:
     model = ModelConfig.from_pretrained(str(tiny_checkpoint("LlamaForCausalLM")), max_model_len=96)
     runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=256), DeviceConfig("cpu"), max_num_seqs=4)
-    engine = Engine(runner, max_num_seqs=4, speculative=SpeculativeConfig(
+    # The hash index: the radix tree keeps a node per cached block (bounded by the cache, not per request), which
+    # would read as growth while the waves fill the cache.
+    engine = Engine(runner, max_num_seqs=4, prefix_cache_policy="hash", speculative=SpeculativeConfig(
         method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3))
     speculation = engine.scheduler._speculation
     rng = random.Random(0)

@@ -25,7 +25,7 @@ class Engine:
 
     def __init__(self, runner: ModelRunner, max_num_batched_tokens: int = 64, max_num_seqs: int = 8,
                  speculative: SpeculativeConfig | None = None, enable_prefix_caching: bool = True,
-                 num_kv_blocks: int | None = None) -> None:
+                 num_kv_blocks: int | None = None, prefix_cache_policy: str | None = None) -> None:
         model = runner.model_config
         self.scheduler = Scheduler(SchedulerConfig(
             max_model_len=model.max_model_len, block_size=runner.cache_config.block_size, max_num_seqs=max_num_seqs,
@@ -33,7 +33,7 @@ class Engine:
             kv_windows=runner.kv_cache.windows, recurrent_state=runner.cache_groups.num_state_layers > 0,
             state_snapshots=runner.cache_groups.num_snapshots,
             eos_token_ids=model.eos_token_ids, vocab_size=model.vocab_size, speculative=speculative,
-            enable_prefix_caching=enable_prefix_caching))
+            enable_prefix_caching=enable_prefix_caching, prefix_cache_policy=prefix_cache_policy))
         self.worker = Worker(runner)
         self.outcomes: dict[str, dict[str, object]] = {}
 
