@@ -54,6 +54,11 @@ class EngineConfig:
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "async_scheduling": self.scheduler.async_scheduling,
             "enable_prefix_caching": self.scheduler.enable_prefix_caching,
+            # "auto": radix, or hash for models with sliding-window or state layers (SchedulerConfig.cache_policy).
+            "prefix_cache_policy": self.scheduler.prefix_cache_policy or "auto",
+            "eviction_policy": self.scheduler.eviction_policy,
+            "kv_offload_bytes": self.cache.offload_bytes,
+            "kv_offload_path": self.cache.offload_path,
             "sampling_defaults": self.sampling_defaults,
             "enforce_eager": self.compilation.enforce_eager,
             "cuda_graph_max_bs": self.compilation.cuda_graph_max_bs,

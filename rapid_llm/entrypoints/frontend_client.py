@@ -29,6 +29,7 @@ def frontend_client(engine: EngineProcesses, tokenizer: Any,
                    "weight_bytes": worker_info["weight_bytes"], "ops": worker_info["ops"],
                    "state_cache_bytes": worker_info["state_cache_bytes"],
                    "state_snapshots": worker_info["state_snapshots"],
+                   "kv_offload_blocks": worker_info["kv_offload_blocks"],
                    "cpu_threads": worker_info["cpu_threads"],
                    "cpu_threads_long_steps": worker_info["cpu_threads_long_steps"], "version": rapid_llm.__version__,
                    "data_parallel_size": parallel.data_parallel_size, "nnodes": parallel.nnodes}
