@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import rapid_llm
 
-from rapid_llm.config.flag_conflicts import refuse_combinations
 from rapid_llm.config.scheduler_config import DEFAULT_WATCHDOG_TIMEOUT_S
 from rapid_llm.quantization.registry import online_names
 
@@ -315,6 +314,7 @@ class ServerArgs:
                                       ParallelConfig, SchedulerConfig)
         from rapid_llm.config.afd_config import AFDConfig
         from rapid_llm.config.eplb_config import EPLBConfig
+        from rapid_llm.config.feature_combinations import PlainFlags, check_disaggregation, check_feature_combinations
         from rapid_llm.config.generation_defaults import generation_defaults
         from rapid_llm.config.kv_transfer_config import KVTransferConfig
         from rapid_llm.config.speculative_config import SpeculativeConfig
@@ -353,28 +353,12 @@ class ServerArgs:
         parallel.check_model(model)
         kv_transfer = KVTransferConfig.parse(self.kv_transfer_config, self.disaggregation_mode)
         if kv_transfer is not None:
-            self._check_disaggregation(kv_transfer, parallel, speculative)
+            check_disaggregation(kv_transfer, parallel, speculative, self.enable_prefix_caching)
         served_model_name = self.served_model_name or packaged_demo_name(model_dir) or self.model or model_dir
         lora = self._lora_config(speculative, kv_transfer, served_model_name)
-        if parallel.pipeline_parallel_size > 1:
-            _check_pipeline_features(parallel, speculative, kv_transfer, lora is not None)
+        check_feature_combinations(parallel, speculative, kv_transfer, lora is not None, PlainFlags(
+            self.kv_cache_dtype, self.enable_prefix_caching, bool(self.kv_offload_size), self.enable_torch_compile))
         dcp = parallel.decode_context_parallel_size
-        if dcp > 1:
-            self._check_dcp_features(dcp, parallel, speculative, kv_transfer)
-        if parallel.prefill_context_parallel_size > 1:
-            self._check_pcp_features(parallel, speculative, kv_transfer, lora is not None)
-        if self.kv_offload_size:
-            refuse_combinations("--kv-offload-size", [
-                (parallel.world_size > 1 or parallel.data_parallel_size > 1, "--tp/--pp/--dp above 1",
-                 "not combined yet"),
-                (not self.enable_prefix_caching, "--disable-prefix-caching", "the tier holds the prefix cache's blocks"),
-                (kv_transfer is not None, "--kv-transfer-config", "a transfer writes blocks outside the steps")])
-        if parallel.afd_ffn_ranks:
-            refuse_combinations("--afd-config", [
-                (speculative is not None, "--speculative-config", "not combined yet"),
-                (lora is not None, "--enable-lora", "not combined yet"),
-                (kv_transfer is not None, "--kv-transfer-config", "not combined yet"),
-                (self.enable_torch_compile, "--enable-torch-compile", "the exchange is not compiled")])
         cache = CacheConfig(
             # With decode context parallelism a block's tokens are shared out: --block-size per rank, as vLLM.
             block_size=self.block_size * dcp,
@@ -449,32 +433,6 @@ class ServerArgs:
         ])
         return MicroBatchConfig(self.dbo_decode_token_threshold, self.dbo_prefill_token_threshold)
 
-    def _check_dcp_features(self, dcp: int, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
-                            kv_transfer: KVTransferConfig | None) -> None:
-        """What decode context parallelism cannot run with yet, refused at start with the reason."""
-        flag = f"--decode-context-parallel-size {dcp}"
-        refusals = [
-            (parallel.pipeline_parallel_size > 1, "--pipeline-parallel-size > 1", "not combined yet"),
-            (speculative is not None, "--speculative-config", "drafts are verified by the single-rank backends"),
-            (kv_transfer is not None, "--kv-transfer-config", "a transfer moves whole blocks, a rank holds shares"),
-            (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the DCP backend reads float caches only"),
-        ]
-        refuse_combinations(flag, refusals)
-
-    def _check_pcp_features(self, parallel: ParallelConfig, speculative: SpeculativeConfig | None,
-                            kv_transfer: KVTransferConfig | None, lora: bool) -> None:
-        """What prefill context parallelism cannot run with yet, refused at start with the reason."""
-        flag = f"--prefill-context-parallel-size {parallel.prefill_context_parallel_size}"
-        refusals = [
-            (speculative is not None, "--speculative-config", "drafts are proposed over the whole step's hidden "
-             "states on one rank"),
-            (lora, "--enable-lora", "adapter rows follow the whole step's tokens, a rank computes its pieces"),
-            (kv_transfer is not None, "--kv-transfer-config", "not combined yet"),
-            (parallel.eplb is not None, "--enable-eplb", "expert rebalancing moves experts between world ranks"),
-            (self.kv_cache_dtype != "auto", "--kv-cache-dtype", "the gathered K/V are written as floats"),
-        ]
-        refuse_combinations(flag, refusals)
-
     def _lora_config(self, speculative: SpeculativeConfig | None, kv_transfer: KVTransferConfig | None,
                      served_model_name: str) -> LoRAConfig | None:
         """--enable-lora's settings; what it cannot run with yet is refused at start with the reason."""
@@ -492,25 +450,6 @@ class ServerArgs:
                              "drop one of the flags")
         return LoRAConfig.parse(self.lora_modules, self.max_loras, self.max_lora_rank, self.max_cpu_loras,
                                 self.lora_allowed_dirs, served_model_name)
-
-    def _check_disaggregation(self, kv_transfer: KVTransferConfig, parallel: ParallelConfig,
-                              speculative: SpeculativeConfig | None) -> None:
-        """What the built-in KV transfer cannot do yet, refused at start with the reason."""
-        if parallel.data_parallel_size > 1 or parallel.nnodes > 1:
-            raise ValueError("--kv-transfer-config with data or multi-node parallelism: the transfer agents reach one "
-                             "host's ranks of one replica; run one instance per replica")
-        if kv_transfer.is_producer and parallel.tensor_parallel_size > 1:
-            raise ValueError("--kv-transfer-config kv_role kv_producer or kv_both with --tensor-parallel-size > 1: a "
-                             "prefill instance serves its KV from one rank (a decode instance may use several)")
-        if kv_transfer.kv_connector == "MooncakeConnector" and parallel.tensor_parallel_size > 1:
-            raise ValueError("--kv-transfer-config kv_connector MooncakeConnector with --tensor-parallel-size > 1: "
-                             "Mooncake moves whole caches; a tensor-parallel decode instance needs ZmqConnector")
-        if kv_transfer.is_consumer and not self.enable_prefix_caching:
-            raise ValueError("--kv-transfer-config kv_role kv_consumer needs prefix caching: loaded blocks are taken "
-                             "as prefix hits; drop --disable-prefix-caching")
-        if speculative is not None and speculative.method != "ngram":
-            raise ValueError(f"--kv-transfer-config with --speculative-config method {speculative.method!r}: a "
-                             "proposer model's own KV is not transferred; use method ngram or no speculation")
 
     def op_backends(self) -> dict[str, str]:
         """The op -> backend overrides: RAPID_LLM_OP_BACKEND, then --op-backend and --attention-backend
@@ -552,18 +491,3 @@ def _int_tuple(text: str | None, flag: str) -> tuple[int, ...] | None:
         return tuple(int(item) for item in text.split(","))
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
-
-
-def _check_pipeline_features(parallel: ParallelConfig, speculative: SpeculativeConfig | None,
-                             kv_transfer: KVTransferConfig | None, lora: bool) -> None:
-    """What pipeline stages cannot run with yet, refused at start with the reason."""
-    pp = f"--pipeline-parallel-size {parallel.pipeline_parallel_size}"
-    if speculative is not None:
-        raise ValueError(f"{pp} with --speculative-config: drafts are proposed and verified on one stage's hidden "
-                         "states and a proposer's own layers are not staged; drop one of the flags")
-    if kv_transfer is not None:
-        raise ValueError(f"{pp} with --kv-transfer-config: each stage holds the KV of its own layers and the "
-                         "transfer agents move one stage's cache; drop one of the flags")
-    if lora:
-        raise ValueError(f"{pp} with --enable-lora: adapters are checked against the first stage's modules only; "
-                         "drop one of the flags")

@@ -54,7 +54,6 @@ def expected(checkpoint) -> list[list[int]]:
         pytest.param({"prefix_cache_policy": "hash"}, True, id="caching-hash"),
         pytest.param({"enable_prefix_caching": False}, False, id="no-caching"),
         pytest.param({"max_num_batched_tokens": 8}, True, id="caching-chunked"),
-        pytest.param({"max_num_batched_tokens": 8, "prefix_cache_policy": "hash"}, True, id="caching-chunked-hash"),
         pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80}, False, id="caching-preemption"),
         pytest.param({"num_kv_blocks": 20, "block_size": 4, "max_model_len": 80, "prefix_cache_policy": "hash"},
                      False, id="caching-preemption-hash"),

@@ -190,3 +190,28 @@ def test_the_launcher_start_up_path_does_not_import_torch(tiny_checkpoint) -> No
     result = subprocess.run([sys.executable, "-c", code, str(tiny_checkpoint())], capture_output=True, text=True,
                             check=True)
     assert result.stdout.split()[1:] == ["float32", "False"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"tensor_parallel_size": 2}, "--kv-offload-size with --tp/--pp/--dp above 1: not combined yet"),
+    ({"enable_prefix_caching": False}, "--kv-offload-size with --disable-prefix-caching: the tier holds"),
+    ({"prefix_cache_policy": "tree"}, "--prefix-cache-policy must be one of hash, radix, got 'tree'"),
+    ({"eviction_policy": "mru"}, "--eviction-policy must be one of lru, lfu, cost, got 'mru'"),
+])
+def test_prefix_cache_flags_are_checked_at_start(tiny_checkpoint, flags: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(kv_offload_size="1MiB", **flags).engine_config(str(tiny_checkpoint()))
+
+
+def test_an_explicit_radix_cache_is_refused_for_sliding_window_and_state_models() -> None:
+    from rapid_llm.config.scheduler_config import SchedulerConfig
+
+    windowed = SchedulerConfig(max_model_len=64, kv_windows=(None, 8), prefix_cache_policy="radix")
+    with pytest.raises(ValueError, match="radix is not available for this model: its sliding-window layers"):
+        windowed.cache_policy()
+    assert SchedulerConfig(max_model_len=64, kv_windows=(None, 8)).cache_policy() == "hash"
+    assert SchedulerConfig(max_model_len=64, recurrent_state=True).cache_policy() == "hash"
+    assert SchedulerConfig(max_model_len=64).cache_policy() == "radix"
+    off = SchedulerConfig(max_model_len=64, recurrent_state=True, prefix_cache_policy="radix",
+                          enable_prefix_caching=False)
+    assert off.cache_policy() == "radix", "no refusal while caching is off"
