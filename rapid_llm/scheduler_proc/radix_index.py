@@ -21,7 +21,7 @@ from rapid_llm.scheduler_proc.cache_index import CacheIndex
 from rapid_llm.utils.block_hash import BlockHash
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Node:
     block: int
     tokens: tuple[int, ...]

@@ -1,7 +1,8 @@
 """Mixed layouts on 2 CPU ranks (gloo) with the scheduler features that change what a step holds: dense TP,
 TP-split experts and TP attention x EP experts (Qwen2-MoE, also with EPLB rebalancing every 4 steps), each
 with chunked prefill (a 16-token step budget, so a 45-token prompt takes three steps) and a prefix-cache hit
-(a second prompt sharing the first 40 tokens reuses two blocks), with async scheduling on (the default) or
+(a second prompt sharing the first 40 tokens reuses two blocks and, with the radix cache's copy-on-write on every
+rank, 8 tokens of the third), with async scheduling on (the default) or
 off. Greedy tokens must be transformers', and the first (chunked) prompt's prompt and output logprobs within
 LOGPROB_TOLERANCE; docs/parallelism.md's layout table cites these cases.
 """
@@ -40,7 +41,7 @@ def test_chunked_prefill_and_prefix_hits_keep_tokens(tiny_checkpoint, architectu
     with LLM(model=str(checkpoint), tensor_parallel_size=2, num_kv_blocks=64, block_size=BLOCK_SIZE,
              max_num_batched_tokens=16, **engine_args) as llm:
         outputs = [llm.generate([prompts[0]], GREEDY)[0], llm.generate([prompts[1]], CACHED)[0]]
-    assert outputs[1].num_cached_tokens == 2 * BLOCK_SIZE
+    assert outputs[1].num_cached_tokens == 40  # two blocks, then a copy of the third's first 8 tokens
     hf = hf_model(checkpoint)
     assert [output.token_ids for output in outputs] == hf_greedy(hf, prompts, NEW_TOKENS)
     assert logprob_error(prompts[:1], hf, outputs[:1]) <= LOGPROB_TOLERANCE
