@@ -22,7 +22,6 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.resources import ResourceSampler, server_pids  # noqa: E402
+from benchmarks.common.server_process import ServerProcess  # noqa: E402
 
 PORT = 31677
 
@@ -138,23 +138,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     generator = random.Random(0)
     prompts = [[generator.randrange(10, 500) for _ in range(generator.randrange(16, 513))] for _ in range(64)]
-    log = (out / "server.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "rapid_llm.launch_server", "--port", str(PORT),
-                               "--log-level", "warning", *server_args], stdout=log, stderr=subprocess.STDOUT)
+    server = ServerProcess(["--log-level", "warning", *server_args], PORT, out / "server.log")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not become healthy; see {out / 'server.log'}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
         roots, why = server_pids(port=PORT)
         tally, counter, rounds = Tally(), [0], []
         end = time.monotonic() + args.duration
-        while time.monotonic() < end and server.poll() is None:
+        while time.monotonic() < end and server.process.poll() is None:
             sampler = ResourceSampler(roots, interval_s=2.0, unavailable=why)
             with sampler:
                 asyncio.run(clients(args, prompts, min(end, time.monotonic() + args.round_seconds), tally, counter))
@@ -162,7 +151,7 @@ def main() -> None:
                            "failed": len(tally.failures), "resources": sampler.summary()})
             print(f"round {len(rounds)}: {tally.completed} completed, {tally.aborted} aborted, "
                   f"{len(tally.failures)} failed so far", flush=True)
-        alive = server.poll() is None
+        alive = server.process.poll() is None
         left = idle_after(60) if alive else {}
         memory = flatness(rounds, args.max_growth_mib)
         passed = (alive and not tally.failures and not any(left.values()) and memory["flat"] and len(rounds) >= 3)
@@ -179,8 +168,7 @@ def main() -> None:
         print("memory growth (MiB, last third - first third):",
               {title[:40]: round(value, 1) for title, value in memory["growth_mib"].items()})
     finally:
-        server.terminate()
-        server.wait(60)
+        server.close()
     sys.exit(0 if passed else 1)
 
 

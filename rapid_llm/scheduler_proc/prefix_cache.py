@@ -133,8 +133,9 @@ class PrefixCache:
         request then owns and writes its own tokens into."""
         num_blocks = hit.num_blocks
         num_cached = hit.num_tokens(self.block_size)
-        self._blocks.share(hit.blocks_to_share())
-        self._blocks.count_hits(hit.blocks_to_share())
+        shared = hit.blocks_to_share()
+        self._blocks.share(shared)
+        self._blocks.count_hits(shared)
         blocks = list(hit.block_ids)
         if hit.tier_slots:
             loaded = self._blocks.allocate(len(hit.tier_slots))
