@@ -10,6 +10,7 @@ repeat; prefix caching off unless `--prefix-caching on`) and steps until each ha
     python benchmarks/prefill_step_timing.py --model DIR --prompt-len 1500 --budgets 2048 256 --decodes 0 4
     python benchmarks/prefill_step_timing.py --model DIR --prompt-len 8000 --budgets 2048 --profile --threads 1 2
     python benchmarks/prefill_step_timing.py --model DIR --prompt-len 576 --prompts 8 --prefix-caching on off
+    python benchmarks/prefill_step_timing.py --model DIR --prompt-len 8000 --op-backends attention=cpu_paged ""
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import msgspec
 import torch
 
 from rapid_llm.ipc.messages import GenerateRequest
+from rapid_llm.ops.registry import REGISTRY
 from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.server_args import ServerArgs
@@ -41,6 +43,7 @@ class LockStep:
 
     def __init__(self, args: ServerArgs, model_dir: str) -> None:
         config = args.engine_config(model_dir)
+        self.op_backends = config.op_backends  # the registry's overrides are global: set again before each run
         self.runner = ModelRunner(config.model, config.cache, config.device, config.op_backends,
                                   max_num_seqs=config.scheduler.max_num_seqs, compilation=config.compilation)
         self.scheduler = Scheduler(msgspec.structs.replace(config.scheduler, num_kv_blocks=self.runner.num_blocks,
@@ -112,14 +115,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="Also split the last repeat's op time.")
     parser.add_argument("--top-ops", type=int, default=0, help="Print the N ops with the most self time.")
+    parser.add_argument("--op-backends", nargs="+", default=[""],
+                        help="--op-backend settings to compare, e.g. attention=cpu_paged \"\" (\"\": the defaults)")
     args = parser.parse_args()
     engines = {}
     for budget in args.budgets:
         for caching in args.prefix_caching:
-            server_args = ServerArgs(model=args.model, max_num_batched_tokens=budget,
-                                     enable_prefix_caching=caching == "on", kv_cache_memory="1GiB",
-                                     max_model_len=args.prompt_len + 64, log_level="warning")
-            engines[budget, caching] = LockStep(server_args, args.model)
+            for op_backend in args.op_backends:
+                server_args = ServerArgs(model=args.model, max_num_batched_tokens=budget,
+                                         enable_prefix_caching=caching == "on", kv_cache_memory="1GiB",
+                                         max_model_len=args.prompt_len + 64, log_level="warning",
+                                         op_backend=op_backend or None)
+                engines[budget, caching, op_backend] = LockStep(server_args, args.model)
     vocab = next(iter(engines.values())).runner.model_config.vocab_size
     available = torch.get_num_threads()
     seed = 0
@@ -127,10 +134,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         for threads in args.threads:
             for decodes in args.decodes:
-                for (budget, caching), engine in engines.items():
+                for (budget, caching, op_backend), engine in engines.items():
                     policy = (CpuThreadPolicy(threads, threads) if threads
                               else cpu_thread_policy(engine.runner.model, available)[0])
                     engine.worker.thread_policy = policy
+                    REGISTRY.set_overrides(engine.op_backends)
                     seed += 1
                     profiling = args.profile and repeat == args.repeats - 1
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling \
@@ -139,7 +147,7 @@ def main() -> None:
                     record = {"repeat": repeat, "threads": threads or "server rule",
                               "threads_short_steps": policy.short_step_threads,
                               "threads_long_steps": policy.long_step_threads, "decodes": decodes, "budget": budget,
-                              "prefix_caching": caching,
+                              "prefix_caching": caching, "op_backend": op_backend or "defaults",
                               "prefill_ms": round(1000 * result["prefill_s"], 1), "steps": result["steps"]}
                     if profiling:
                         record["op_ms"] = categorize(profile)

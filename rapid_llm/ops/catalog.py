@@ -193,6 +193,9 @@ for _op, _fn in (("fp8_linear", "quant_fp8_gemm:fp8_linear"), ("int4_linear", "q
 _CPU_CPP = {"device": "cpu", "dtype": ["fp32", "bf16", "fp16"], "available": "rapid_llm.ops.cpp.cpu_ops:skip_reason"}
 register_op(name="attention", backend="cpu_paged", fn="rapid_llm.ops.attention.cpu_paged:CPU_PAGED_BACKEND",
             priority=10, conditions=_CPU_CPP)
+register_op(name="attention", backend="cpu_amx", fn="rapid_llm.ops.attention.cpu_paged:CPU_AMX_BACKEND",
+            priority=15, conditions={"device": "cpu", "dtype": ["bf16"],
+                                     "available": "rapid_llm.ops.amx_linear:amx_missing"})
 for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "kv_cache_store"):
     register_op(name=_op, backend="cpu_cpp", fn=f"rapid_llm.ops.cpp.cpu_fused:{_op}", priority=10, conditions=_CPU_CPP)
 # The state ops' decode steps in place on their state rows (ops/cpp/cpu_state.py), above the torch decode forms.

@@ -3,7 +3,8 @@ same greedy tokens on held-out text whether its long prompt chunks go to the til
 (the path before it), with chunked prefill (chunks after cached context), staggered arrivals (chunks beside
 decodes), a bf16 and an fp8 cache, up to near-ties (greedy_ties.py): both paths move the demo model's logits
 from its float32 ones by 0.005 on average and 0.08 at most (measured on these prompts; either one's argmax
-differs from float32's at 0.5-1 % of positions)."""
+differs from float32's at 0.5-1 % of positions). The same holds for the kernel's AMX form (the cpu_amx backend)
+against its AVX-512 BF16 form, where the CPU has AMX."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.ops.amx_linear import amx_missing
 from rapid_llm.ops.attention import cpu_paged
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS, skip_reason
 from rapid_llm.sampling import SamplingParams
@@ -31,7 +33,8 @@ TIE = 0.15  # nats: about twice the largest logit change of either bf16 path aga
 HELD_OUT = Path(__file__).resolve().parents[2] / "tools" / "demo_model" / "data" / "held_out.txt"
 
 
-def _greedy(cache_dtype: str, tiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[float]]]:
+def _greedy(cache_dtype: str, tiled: bool, monkeypatch: pytest.MonkeyPatch,
+            backend: str = "cpu_paged") -> list[tuple[list[int], list[float]]]:
     """Per prompt: the greedy tokens and, at each, the gap between the top two log-probabilities."""
     chosen = []
 
@@ -44,7 +47,7 @@ def _greedy(cache_dtype: str, tiled: bool, monkeypatch: pytest.MonkeyPatch) -> l
     with pinned_backends({}):  # the runner's pin ends with this test
         runner = ModelRunner(ModelConfig.from_pretrained(str(checkpoint), dtype="bfloat16"),
                              CacheConfig(block_size=16, num_blocks=128, cache_dtype=cache_dtype),
-                             DeviceConfig("cpu"), max_num_seqs=4, op_backends={"attention": "cpu_paged"})
+                             DeviceConfig("cpu"), max_num_seqs=4, op_backends={"attention": backend})
     tokens = AutoTokenizer.from_pretrained(str(checkpoint))(HELD_OUT.read_text()[:20000])["input_ids"]
     prompts = [tokens[:400], tokens[1000:1230], tokens[2000:2050]]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
@@ -58,3 +61,11 @@ def test_tiled_prefill_keeps_the_greedy_tokens(cache_dtype: str, monkeypatch: py
     tiled = _greedy(cache_dtype, True, monkeypatch)
     assert all(len(tokens) == NEW_TOKENS for tokens, _ in tiled)
     assert_greedy_equal_up_to_ties(tiled, _greedy(cache_dtype, False, monkeypatch), TIE)
+
+
+@pytest.mark.skipif(amx_missing("cpu", "bf16") is not None, reason=str(amx_missing("cpu", "bf16")))
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
+def test_amx_tiles_keep_the_greedy_tokens(cache_dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    amx = _greedy(cache_dtype, True, monkeypatch, backend="cpu_amx")
+    assert all(len(tokens) == NEW_TOKENS for tokens, _ in amx)
+    assert_greedy_equal_up_to_ties(amx, _greedy(cache_dtype, True, monkeypatch), TIE)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rapid_llm import build_ops
+from rapid_llm.ops.amx_linear import amx_missing
 from rapid_llm.ops.attention import cpu_paged
 from rapid_llm.ops.cpp.cpu_ops import skip_reason
 from rapid_llm.ops.cpp import jit
@@ -92,6 +93,9 @@ def test_a_missing_compiler_is_a_skip_reason_without_building(sources: Path, mon
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_the_extension_s_ops_are_the_cpu_defaults(dtype: str) -> None:
     selection = REGISTRY.select("attention", "cpu", dtype)
-    assert selection.backend == "cpu_paged" and selection.fn is cpu_paged.CPU_PAGED_BACKEND
+    if dtype == "bf16" and amx_missing("cpu", dtype) is None:
+        assert selection.backend == "cpu_amx" and selection.fn is cpu_paged.CPU_AMX_BACKEND
+    else:
+        assert selection.backend == "cpu_paged" and selection.fn is cpu_paged.CPU_PAGED_BACKEND
     for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "lora"):
         assert REGISTRY.select(op, "cpu", dtype).backend == "cpu_cpp"

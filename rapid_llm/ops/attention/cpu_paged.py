@@ -12,8 +12,10 @@ layer, which knows the dtypes that choose the kernels. The extension is
 compiled on first use and cached (`ops/cpp/jit.py`); where that is impossible the registry skips this
 backend with the reason (`skip_reason`, the catalog's `available` condition).
 It reads an fp8 cache too (`kv_quant.py`): rows are quantized on write and the kernel multiplies them by the
-layer's scales while widening them to fp32.
-Usage: `--attention-backend cpu_paged` (chosen by priority on a CPU).
+layer's scales while widening them to fp32. The `cpu_amx` backend is the same with the tiled prefill kernel's
+products on AMX tiles (head dims that are multiples of 32).
+Usage: `--op-backend attention=cpu_paged` or `attention=cpu_amx` (chosen by priority on a CPU; cpu_amx where AMX
+is).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def kernel_query_limit(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
 class CpuPagedBackend(AttentionBackend):
     supports_fp8_kv = True
 
+    def __init__(self, amx_tiles: bool) -> None:
+        self.amx_tiles = amx_tiles  # the tiled prefill kernel's products on AMX tiles
+
     def build_metadata(self, layout: StepLayout, device: torch.device) -> CpuPagedMetadata:
         return CpuPagedMetadata(**vars(build_common_metadata(layout, device)), query_lens=tuple(layout.query_lens),
                                 block_size=layout.block_size)
@@ -105,14 +110,17 @@ class CpuPagedBackend(AttentionBackend):
         if metadata.kernel_limit != limit or metadata.tiled_prefill != tiled_prefill:
             self._partition(metadata, limit, tiled_prefill)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        for kernel, seq_ids in ((CPU_OPS.load().paged_attention, metadata.kernel_seq_ids),
-                                (CPU_OPS.load().prefill_attention, metadata.tiled_seq_ids)):
-            if seq_ids is not None:
-                kernel(output, query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
-                       seq_ids, scale, sliding_window or 0, scales.k_scale, scales.v_scale)
+        common = (metadata.query_start_loc, metadata.seq_lens, metadata.block_tables)
+        if metadata.kernel_seq_ids is not None:
+            CPU_OPS.load().paged_attention(output, query, kv_cache, *common, metadata.kernel_seq_ids, scale,
+                                           sliding_window or 0, scales.k_scale, scales.v_scale)
+        if metadata.tiled_seq_ids is not None:
+            CPU_OPS.load().prefill_attention(output, query, kv_cache, *common, metadata.tiled_seq_ids, scale,
+                                             sliding_window or 0, scales.k_scale, scales.v_scale, self.amx_tiles)
         if metadata.prefill_group is not None:
             attend_padded_group(output, query, kv_cache, metadata.prefill_group, scale, sliding_window, kv_scales)
         return output
 
 
-CPU_PAGED_BACKEND = CpuPagedBackend()  # stateless: one instance serves every layer and step
+CPU_PAGED_BACKEND = CpuPagedBackend(amx_tiles=False)  # stateless: one instance serves every layer and step
+CPU_AMX_BACKEND = CpuPagedBackend(amx_tiles=True)

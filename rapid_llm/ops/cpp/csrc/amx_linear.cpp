@@ -10,18 +10,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include "amx_tiles.h"
 #include "packed_weight.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define RAPID_LLM_HAS_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -31,19 +25,8 @@ constexpr int64_t kRowsPerTile = 16;
 
 #ifdef RAPID_LLM_HAS_AMX
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Linux hands out AMX's tile state only to processes that ask for it (arch_prctl, XTILEDATA = 18).
-bool tile_state_granted() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return granted;
-}
+using amx_tiles::TileConfig;
+using amx_tiles::tile_state_granted;
 
 // Tiles 0-3: fp32 sums (rows x 16 outputs); 4-5: input rows x 32 inputs; 6-7: 16 input pairs x 16 outputs.
 void configure_tiles(int input_rows) {

@@ -17,7 +17,7 @@ bool paged_attention_bf16_kernel();
 void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                        const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
-                       int64_t sliding_window, double k_scale, double v_scale);
+                       int64_t sliding_window, double k_scale, double v_scale, bool amx_tiles);
 std::vector<int64_t> prefill_attention_head_dims();
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
@@ -52,7 +52,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention_bf16_kernel", &paged_attention_bf16_kernel,
              "Whether paged_attention has its AVX-512 BF16 kernel (bf16 query and cache, head_dim 32/64/128/256)");
   module.def("prefill_attention", &prefill_attention,
-             "Tiled causal attention for long prompt chunks over the paged KV cache (CPU, AVX-512 BF16)");
+             "Tiled causal attention for long prompt chunks over the paged KV cache (CPU, AVX-512 BF16 or AMX)");
   module.def("prefill_attention_head_dims", &prefill_attention_head_dims,
              "The head dims prefill_attention computes here (none without AVX-512 BF16)");
   module.def("rms_norm", &rms_norm, "RMSNorm of each row");

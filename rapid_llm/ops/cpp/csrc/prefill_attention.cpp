@@ -5,17 +5,19 @@
 // every (sequence, kv head, tile of 64 keys) is packed once, read through the block table (an fp8 cache is
 // widened and scaled here): K as pairs of dims ([D/2][64] 32-bit words), V as pairs of keys ([32][D]).
 // Then the items compute scores and the P·V update with one AVX-512 BF16 dot-product instruction per 16
-// outputs and pair, fp32 accumulation, probabilities rounded to bf16 (as GPU flash attention rounds them to
-// the input dtype). Both phases run on all threads; items most expensive first (the last query tiles see
-// the most keys).
+// outputs and pair, or with AMX tiles over the same packed layouts (prefill_attention_amx.h), fp32
+// accumulation, probabilities rounded to bf16 (as GPU flash attention rounds them to the input dtype). Both
+// phases run on all threads; items most expensive first (the last query tiles see the most keys).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "paged_attention_bf16.h"
+#include "prefill_attention_amx.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -31,6 +33,7 @@ using paged_kernels::Layout;
 constexpr int64_t kKeyTile = 64;       // keys per tile: four fp32 score vectors per row
 constexpr int64_t kScoreVectors = kKeyTile / 16;
 constexpr int64_t kRowsPerItem = 128;  // query rows (token x group head) an item aims for
+constexpr int64_t kTileRows = 16;      // rows of an AMX tile: the AMX form computes rows in blocks of 16
 
 struct PrefillItem {
   int64_t seq, kv_head, token_begin, token_end;  // seq: index into seq_ids; tokens [token_begin, token_end)
@@ -74,9 +77,9 @@ void pack_values(const C* values, const int64_t* block_table, const Layout& L, i
   }
 }
 
-// scores[r][0, 64) = (q_r . k_j) * scale for R rows; q_rows[r] points at row r's query (D bf16).
+// scores[r][0, 64) = q_r . k_j for R rows; q_rows[r] points at row r's query (D bf16).
 template <int D, int R>
-inline void score_rows(const uint32_t* const* q_rows, const uint32_t* packed_keys, float scale, float* scores) {
+inline void score_rows(const uint32_t* const* q_rows, const uint32_t* packed_keys, float* scores) {
   __m512 acc[R][kScoreVectors];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kScoreVectors; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -89,10 +92,8 @@ inline void score_rows(const uint32_t* const* q_rows, const uint32_t* packed_key
       for (int c = 0; c < kScoreVectors; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], keys[c], q);
     }
   }
-  const __m512 s = _mm512_set1_ps(scale);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kScoreVectors; ++c)
-      _mm512_storeu_ps(scores + r * kKeyTile + 16 * c, _mm512_mul_ps(acc[r][c], s));
+    for (int c = 0; c < kScoreVectors; ++c) _mm512_storeu_ps(scores + r * kKeyTile + 16 * c, acc[r][c]);
 }
 
 // acc[r][0, D) += P_r . V over the tile's key pairs [0, pairs), for R rows.
@@ -129,25 +130,28 @@ inline __m512 exp_of_nonpositive_16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Masks row `r`'s scores (causal, sliding window, keys past the tile), folds them into its running max and
-// sums (kept per lane, 16 a row, totalled once at the end), rescales its accumulator and writes its
-// probabilities as bf16 pairs.
+// Scales row `r`'s dot products into scores, masks them (causal, sliding window, keys past the tile), folds
+// them into its running max and sums (kept per lane, 16 a row, totalled once at the end), rescales its
+// accumulator and writes its probabilities as bf16 pairs.
 template <int D>
-inline void softmax_row(float* scores, int64_t key_first, int64_t count, int64_t query_position, int64_t window,
-                        bool masked, float& running_max, float* running_sums, float* acc, uint32_t* probabilities) {
+inline void softmax_row(const float* dots, float scale, int64_t key_first, int64_t count, int64_t query_position,
+                        int64_t window, bool masked, float& running_max, float* running_sums, float* acc,
+                        uint32_t* probabilities) {
   __m512 s[kScoreVectors];
-  for (int c = 0; c < kScoreVectors; ++c) {
-    s[c] = _mm512_loadu_ps(scores + 16 * c);
-    if (!masked) continue;
-    // Lane j is key key_first + 16c + j: kept when it exists, is not after the query and is in the window.
-    const int64_t base = key_first + 16 * c;
-    const int64_t last_allowed = std::min(query_position, key_first + count - 1);
-    const int64_t first_allowed = window > 0 ? query_position - window + 1 : std::numeric_limits<int64_t>::min();
-    uint32_t keep = 0;
-    for (int j = 0; j < 16; ++j)
-      keep |= static_cast<uint32_t>(base + j <= last_allowed && base + j >= first_allowed) << j;
-    s[c] = _mm512_mask_blend_ps(static_cast<__mmask16>(keep), _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
-                                s[c]);
+  for (int c = 0; c < kScoreVectors; ++c) s[c] = _mm512_mul_ps(_mm512_loadu_ps(dots + 16 * c), _mm512_set1_ps(scale));
+  if (masked) {
+    // Key key_first + i is kept when it exists, is not after the query and is in the window: i in [low, high],
+    // both clamped to [-1, kKeyTile] so they fit the 32-bit lanes.
+    const int64_t high = std::min(query_position, key_first + count - 1) - key_first;
+    const int64_t low = window > 0 ? query_position - window + 1 - key_first : -1;
+    const __m512i high_vector = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(high, -1, kKeyTile)));
+    const __m512i low_vector = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(low, -1, kKeyTile)));
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int c = 0; c < kScoreVectors; ++c) {
+      const __m512i key = _mm512_add_epi32(lanes, _mm512_set1_epi32(16 * c));
+      const __mmask16 keep = _mm512_cmple_epi32_mask(key, high_vector) & _mm512_cmpge_epi32_mask(key, low_vector);
+      s[c] = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), s[c]);
+    }
   }
   __m512 tile_max = s[0];
   for (int c = 1; c < kScoreVectors; ++c) tile_max = _mm512_max_ps(tile_max, s[c]);
@@ -156,7 +160,8 @@ inline void softmax_row(float* scores, int64_t key_first, int64_t count, int64_t
     std::fill(probabilities, probabilities + kKeyTile / 2, 0u);
     return;
   }
-  const float correction = exp_poly(running_max - new_max);  // 0 on the row's first keys (-inf)
+  // 0 on the row's first keys (-inf); 1, with no e^x to compute, once the row's maximum has settled.
+  const float correction = new_max == running_max ? 1.0f : exp_poly(running_max - new_max);
   __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(running_sums), _mm512_set1_ps(correction));
   __m512 p[kScoreVectors];
   for (int c = 0; c < kScoreVectors; ++c) {
@@ -178,6 +183,7 @@ struct Scratch {
   std::vector<float> scores, acc, running_max, running_sum;
   std::vector<const uint32_t*> q_rows;
   std::vector<int64_t> positions;
+  std::vector<c10::BFloat16> tile_queries;  // the AMX form's query rows, contiguous, padded to 16-row blocks
 };
 
 // The packed K and V tiles of one (sequence, kv head): tile t holds keys [64t, 64t + 64).
@@ -189,14 +195,67 @@ struct PackedTiles {
   const uint32_t* values(int64_t tile) const { return base + tile * kTileWords + kKeyWords; }
 };
 
+// Whether the AMX form computes head dim D: tile permission granted and D a multiple of 32.
+template <int D>
+bool tiles_take(bool amx) {
+#ifdef RAPID_LLM_HAS_AMX
+  return amx && D % 32 == 0 && amx_tiles::tile_state_granted();
+#else
+  return false;
+#endif
+}
+
+// The item's M query rows . one packed key tile, into scores (AMX: whole 16-row blocks of s.tile_queries).
+template <int D>
+void tile_dots(bool amx, const Scratch& s, int64_t M, const uint32_t* keys, float* scores) {
+#ifdef RAPID_LLM_HAS_AMX
+  if constexpr (D % 32 == 0) {
+    if (amx) {
+      for (int64_t r = 0; r < M; r += kTileRows)
+        prefill_amx::score_block<D, kKeyTile>(s.tile_queries.data() + r * D, keys, scores + r * kKeyTile);
+      return;
+    }
+  }
+#endif
+  constexpr int kScoreRows = 4;
+  int64_t r = 0;
+  for (; r + kScoreRows <= M; r += kScoreRows)
+    score_rows<D, kScoreRows>(s.q_rows.data() + r, keys, scores + r * kKeyTile);
+  for (; r < M; ++r) score_rows<D, 1>(s.q_rows.data() + r, keys, scores + r * kKeyTile);
+}
+
+// acc += the rows' probabilities . one packed value tile over its first `pairs` key pairs.
+template <int D>
+void tile_values(bool amx, Scratch& s, int64_t M, const uint32_t* values, int64_t pairs) {
+#ifdef RAPID_LLM_HAS_AMX
+  if constexpr (D % 32 == 0) {
+    if (amx) {
+      const int halves = pairs > 16 ? 2 : 1;
+      for (int64_t r = 0; r < M; r += kTileRows)
+        prefill_amx::accumulate_block<D, kKeyTile / 2>(s.probabilities.data() + r * kKeyTile / 2, values, halves,
+                                                        s.acc.data() + r * D);
+      return;
+    }
+  }
+#endif
+  constexpr int kValueRows = D >= 256 ? 1 : 256 / D;
+  int64_t r = 0;
+  for (; r + kValueRows <= M; r += kValueRows)
+    accumulate_rows<D, kValueRows>(s.probabilities.data() + r * kKeyTile / 2, values, pairs, s.acc.data() + r * D);
+  for (; r < M; ++r)
+    accumulate_rows<D, 1>(s.probabilities.data() + r * kKeyTile / 2, values, pairs, s.acc.data() + r * D);
+}
+
 template <int D>
 void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* query, PackedTiles<D> tiles,
-                 int64_t seq_len, int64_t query_end, float scale, int64_t window, c10::BFloat16* out, Scratch& s) {
-  constexpr int kScoreRows = 4, kValueRows = D >= 256 ? 1 : 256 / D;
+                 int64_t seq_len, int64_t query_end, float scale, int64_t window, bool amx, c10::BFloat16* out,
+                 Scratch& s) {
   const int64_t G = L.group, M = (item.token_end - item.token_begin) * G;
-  s.probabilities.resize(M * kKeyTile / 2);
-  s.scores.resize(M * kKeyTile);
-  s.acc.assign(M * D, 0.0f);
+  // The AMX form computes whole blocks of 16 rows; the padding rows' results are never read.
+  const int64_t rows = amx ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
+  s.probabilities.assign(rows * kKeyTile / 2, 0u);
+  s.scores.resize(rows * kKeyTile);
+  s.acc.assign(rows * D, 0.0f);
   s.running_max.assign(M, -std::numeric_limits<float>::infinity());
   s.running_sum.assign(M * 16, 0.0f);
   s.q_rows.resize(M);
@@ -207,6 +266,11 @@ void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* 
                                                     (item.kv_head * G + r % G) * L.q_head_stride);
     s.positions[r] = seq_len - (query_end - token);
   }
+  if (amx) {
+    s.tile_queries.assign(rows * D, c10::BFloat16(0.0f));
+    for (int64_t r = 0; r < M; ++r)
+      std::memcpy(s.tile_queries.data() + r * D, s.q_rows[r], D * sizeof(c10::BFloat16));
+  }
   const int64_t first_position = s.positions[0], last_position = s.positions[M - 1];
   const int64_t key_end = last_position + 1;
   const int64_t key_begin = window > 0 ? std::max<int64_t>(0, first_position - window + 1) : 0;
@@ -215,34 +279,31 @@ void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* 
     // A tile needs masking when a key in it is after the first row's position or before the last row's window.
     const bool masked = count < kKeyTile || first + count - 1 > first_position ||
                         (window > 0 && first < last_position - window + 1);
-    int64_t r = 0;
-    for (; r + kScoreRows <= M; r += kScoreRows)
-      score_rows<D, kScoreRows>(s.q_rows.data() + r, tiles.keys(tile), scale, s.scores.data() + r * kKeyTile);
-    for (; r < M; ++r) score_rows<D, 1>(s.q_rows.data() + r, tiles.keys(tile), scale, s.scores.data() + r * kKeyTile);
-    for (r = 0; r < M; ++r)
-      softmax_row<D>(s.scores.data() + r * kKeyTile, first, count, s.positions[r], window, masked, s.running_max[r],
-                     s.running_sum.data() + r * 16, s.acc.data() + r * D, s.probabilities.data() + r * kKeyTile / 2);
-    const int64_t pairs = (count + 1) / 2;
-    for (r = 0; r + kValueRows <= M; r += kValueRows)
-      accumulate_rows<D, kValueRows>(s.probabilities.data() + r * kKeyTile / 2, tiles.values(tile), pairs,
-                                     s.acc.data() + r * D);
-    for (; r < M; ++r)
-      accumulate_rows<D, 1>(s.probabilities.data() + r * kKeyTile / 2, tiles.values(tile), pairs,
-                            s.acc.data() + r * D);
+    tile_dots<D>(amx, s, M, tiles.keys(tile), s.scores.data());
+    for (int64_t r = 0; r < M; ++r)
+      softmax_row<D>(s.scores.data() + r * kKeyTile, scale, first, count, s.positions[r], window, masked,
+                     s.running_max[r], s.running_sum.data() + r * 16, s.acc.data() + r * D,
+                     s.probabilities.data() + r * kKeyTile / 2);
+    tile_values<D>(amx, s, M, tiles.values(tile), (count + 1) / 2);
   }
   for (int64_t r = 0; r < M; ++r) {
     const int64_t token = item.token_begin + r / G;
     c10::BFloat16* dst = out + (token * L.num_heads + item.kv_head * G + r % G) * D;
-    const float inverse = 1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(s.running_sum.data() + r * 16));
-    for (int d = 0; d < D; ++d) dst[d] = c10::BFloat16(s.acc[r * D + d] * inverse);
+    const float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(s.running_sum.data() + r * 16));
+    const __m512 inverse = _mm512_set1_ps(1.0f / sum);
+    for (int d = 0; d < D; d += 16) {  // every head dim the kernel takes is a multiple of 16
+      const __m512 value = _mm512_mul_ps(_mm512_loadu_ps(s.acc.data() + r * D + d), inverse);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(value)));
+    }
   }
 }
 
 template <typename C, int D>
 void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache,
          const int64_t* query_start, const int64_t* seq_lens, const at::Tensor& block_tables,
-         const at::Tensor& seq_ids, float scale, int64_t window, float k_scale, float v_scale) {
+         const at::Tensor& seq_ids, float scale, int64_t window, float k_scale, float v_scale, bool amx_tiles) {
   const Layout L = paged_kernels::layout_of(query, kv_cache);
+  const bool amx = tiles_take<D>(amx_tiles);
   const int64_t num_kv_heads = L.num_kv_heads, num_seqs = seq_ids.size(0);
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / L.group);
   const int64_t* ids = seq_ids.data_ptr<int64_t>();
@@ -287,18 +348,24 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
                         dst + PackedTiles<D>::kKeyWords);
     }
     Scratch scratch;
+#ifdef RAPID_LLM_HAS_AMX
+    if (amx) prefill_amx::configure_tiles();
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < num_items; ++n) {
       const PrefillItem& item = items[n];
       attend_item<D>(item, L, q, tiles_of(item.seq, item.kv_head), seq_lens[ids[item.seq]],
-                     query_start[ids[item.seq] + 1], scale, window, out, scratch);
+                     query_start[ids[item.seq] + 1], scale, window, amx, out, scratch);
     }
+#ifdef RAPID_LLM_HAS_AMX
+    if (amx) _tile_release();
+#endif
   }
 }
 
 template <typename C>
 using RunFn = void (*)(at::Tensor&, const at::Tensor&, const at::Tensor&, const int64_t*, const int64_t*,
-                       const at::Tensor&, const at::Tensor&, float, int64_t, float, float);
+                       const at::Tensor&, const at::Tensor&, float, int64_t, float, float, bool);
 
 template <typename C>
 RunFn<C> run_for(int64_t head_dim) {
@@ -327,10 +394,12 @@ std::vector<int64_t> prefill_attention_head_dims() {
 
 // Same arguments as paged_attention (paged_attention.cpp); the query and output are bf16, the cache bf16 or
 // float8_e4m3fn, and head_dim one of prefill_attention_head_dims() (none where the CPU lacks AVX-512 BF16).
+// amx_tiles asks for the AMX form of the products, taken where AMX is built and granted and head_dim is a
+// multiple of 32 (else the AVX-512 BF16 form computes them).
 void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                        const at::Tensor& block_tables, const at::Tensor& seq_ids, double scale,
-                       int64_t sliding_window, double k_scale, double v_scale) {
+                       int64_t sliding_window, double k_scale, double v_scale, bool amx_tiles) {
 #ifdef RAPID_LLM_HAS_AVX512_BF16_ATTENTION
   paged_kernels::check_paged_arguments("prefill_attention", output, query, kv_cache, query_start_loc, seq_lens,
                                        block_tables, seq_ids, k_scale, v_scale);
@@ -345,10 +414,10 @@ void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Ten
   if (fp8_cache)
     run_for<c10::Float8_e4m3fn>(query.size(2))(output, query, kv_cache, query_start, lens, block_tables, seq_ids,
                                                static_cast<float>(scale), sliding_window, static_cast<float>(k_scale),
-                                               static_cast<float>(v_scale));
+                                               static_cast<float>(v_scale), amx_tiles);
   else
     run_for<c10::BFloat16>(query.size(2))(output, query, kv_cache, query_start, lens, block_tables, seq_ids,
-                                          static_cast<float>(scale), sliding_window, 1.0f, 1.0f);
+                                          static_cast<float>(scale), sliding_window, 1.0f, 1.0f, amx_tiles);
 #else
   TORCH_CHECK(false, "prefill_attention: this CPU lacks AVX-512 BF16 (the kernel needs avx512f and avx512_bf16)");
 #endif
