@@ -78,7 +78,7 @@ def kernel_query_limit(query: torch.Tensor, kv_cache: torch.Tensor) -> int:
 class CpuPagedBackend(AttentionBackend):
     supports_fp8_kv = True
 
-    def __init__(self, amx_tiles: bool) -> None:
+    def __init__(self, amx_tiles: bool = False) -> None:
         self.amx_tiles = amx_tiles  # the tiled prefill kernel's products on AMX tiles
 
     def build_metadata(self, layout: StepLayout, device: torch.device) -> CpuPagedMetadata:
@@ -122,5 +122,5 @@ class CpuPagedBackend(AttentionBackend):
         return output
 
 
-CPU_PAGED_BACKEND = CpuPagedBackend(amx_tiles=False)  # stateless: one instance serves every layer and step
+CPU_PAGED_BACKEND = CpuPagedBackend()  # stateless: one instance serves every layer and step
 CPU_AMX_BACKEND = CpuPagedBackend(amx_tiles=True)
