@@ -33,6 +33,7 @@ using paged_kernels::Layout;
 constexpr int64_t kKeyTile = 64;       // keys per tile: four fp32 score vectors per row
 constexpr int64_t kScoreVectors = kKeyTile / 16;
 constexpr int64_t kRowsPerItem = 128;  // query rows (token x group head) an item aims for
+constexpr int64_t kRowsPerAmxItem = 64;  // the AMX form's: its item buffers then fit in L1 beside the K/V tile
 constexpr int64_t kTileRows = 16;      // rows of an AMX tile: the AMX form computes rows in blocks of 16
 
 struct PrefillItem {
@@ -305,7 +306,7 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
   const Layout L = paged_kernels::layout_of(query, kv_cache);
   const bool amx = tiles_take<D>(amx_tiles);
   const int64_t num_kv_heads = L.num_kv_heads, num_seqs = seq_ids.size(0);
-  const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / L.group);
+  const int64_t tokens_per_item = std::max<int64_t>(1, (amx ? kRowsPerAmxItem : kRowsPerItem) / L.group);
   const int64_t* ids = seq_ids.data_ptr<int64_t>();
   // Packed tiles: sequence i's start among all (sequence, kv head, tile) slots, and each slot's origin.
   std::vector<int64_t> first_slot(num_seqs + 1, 0);
