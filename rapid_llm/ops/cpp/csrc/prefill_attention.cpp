@@ -5,9 +5,10 @@
 // every (sequence, kv head, tile of 64 keys) is packed once, read through the block table (an fp8 cache is
 // widened and scaled here): K as pairs of dims ([D/2][64] 32-bit words), V as pairs of keys ([32][D]).
 // Then the items compute scores and the P·V update with one AVX-512 BF16 dot-product instruction per 16
-// outputs and pair, or with AMX tiles over the same packed layouts (prefill_attention_amx.h), fp32
-// accumulation, probabilities rounded to bf16 (as GPU flash attention rounds them to the input dtype). Both
-// phases run on all threads; items most expensive first (the last query tiles see the most keys).
+// outputs and pair, fp32 accumulation, probabilities rounded to bf16 (as GPU flash attention rounds them to
+// the input dtype). Where AMX is asked for and granted, its own form (prefill_attention_amx.h, with its own
+// packed layouts) computes the items instead. Both phases run on all threads; items most expensive first (the
+// last query tiles see the most keys).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -15,9 +16,9 @@
 
 #include "paged_attention_bf16.h"
 #include "prefill_attention_amx.h"
+#include "prefill_tiles.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -29,23 +30,14 @@
 namespace {
 
 using paged_kernels::Layout;
+using prefill_tiles::exp_of_nonpositive_16;
+using prefill_tiles::kKeyTile;
+using prefill_tiles::PrefillItem;
+using prefill_tiles::to_bf16_bits;
 
-constexpr int64_t kKeyTile = 64;       // keys per tile: four fp32 score vectors per row
 constexpr int64_t kScoreVectors = kKeyTile / 16;
 constexpr int64_t kRowsPerItem = 128;  // query rows (token x group head) an item aims for
 constexpr int64_t kRowsPerAmxItem = 64;  // the AMX form's: its item buffers then fit in L1 beside the K/V tile
-constexpr int64_t kTileRows = 16;      // rows of an AMX tile: the AMX form computes rows in blocks of 16
-
-struct PrefillItem {
-  int64_t seq, kv_head, token_begin, token_end;  // seq: index into seq_ids; tokens [token_begin, token_end)
-  int64_t num_keys;                              // the keys the item's last token sees (its cost)
-};
-
-inline uint16_t to_bf16_bits(const c10::BFloat16& value, float) { return value.x; }
-
-inline uint16_t to_bf16_bits(const c10::Float8_e4m3fn& value, float scale) {
-  return c10::BFloat16(static_cast<float>(value) * scale).x;
-}
 
 // K rows [first, first + count) of a kv head as dim pairs: packed[p * 64 + j] = (k_j[2p], k_j[2p + 1]);
 // keys past `count` are zero.
@@ -54,9 +46,7 @@ void pack_keys(const C* keys, const int64_t* block_table, const Layout& L, int64
                float scale, uint32_t* packed) {
   std::fill(packed, packed + (D / 2) * kKeyTile, 0u);
   for (int64_t j = 0; j < count; ++j) {
-    const int64_t position = first + j;
-    const C* row = keys + block_table[position / L.block_size] * L.cache_block_stride +
-                   (position % L.block_size) * L.cache_slot_stride;
+    const C* row = prefill_tiles::cache_row(keys, block_table, L, first + j);
     for (int p = 0; p < D / 2; ++p)
       packed[p * kKeyTile + j] = static_cast<uint32_t>(to_bf16_bits(row[2 * p], scale)) |
                                  (static_cast<uint32_t>(to_bf16_bits(row[2 * p + 1], scale)) << 16);
@@ -70,9 +60,7 @@ void pack_values(const C* values, const int64_t* block_table, const Layout& L, i
   std::fill(packed, packed + (kKeyTile / 2) * D, 0u);
   uint16_t* halves = reinterpret_cast<uint16_t*>(packed);
   for (int64_t j = 0; j < count; ++j) {
-    const int64_t position = first + j;
-    const C* row = values + block_table[position / L.block_size] * L.cache_block_stride +
-                   (position % L.block_size) * L.cache_slot_stride;
+    const C* row = prefill_tiles::cache_row(values, block_table, L, first + j);
     uint16_t* dst = halves + (j / 2) * 2 * D + (j % 2);
     for (int d = 0; d < D; ++d) dst[2 * d] = to_bf16_bits(row[d], scale);
   }
@@ -115,20 +103,6 @@ inline void accumulate_rows(const uint32_t* probabilities, const uint32_t* packe
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kVectors; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, out[r][c]);
-}
-
-// e^x for x <= 0 (-inf included), 16 lanes: 2^n * 2^f with 2^f from a degree-5 Taylor series (relative
-// error below 3e-6, far under the bf16 rounding the probabilities get) and the exponent applied by scalef.
-// Below -88 it gives about 1e-38 instead of 0: a weight no bf16 value can make visible.
-inline __m512 exp_of_nonpositive_16(__m512 x) {
-  const __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(1.4426950408889634f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);
-  for (const float c : {9.618129107628477e-03f, 5.550410866482158e-02f, 2.402265069591007e-01f,
-                        6.931471805599453e-01f, 1.0f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
 }
 
 // Scales row `r`'s dot products into scores, masks them (causal, sliding window, keys past the tile), folds
@@ -184,7 +158,6 @@ struct Scratch {
   std::vector<float> scores, acc, running_max, running_sum;
   std::vector<const uint32_t*> q_rows;
   std::vector<int64_t> positions;
-  std::vector<c10::BFloat16> tile_queries;  // the AMX form's query rows, contiguous, padded to 16-row blocks
 };
 
 // The packed K and V tiles of one (sequence, kv head): tile t holds keys [64t, 64t + 64).
@@ -206,18 +179,9 @@ bool tiles_take(bool amx) {
 #endif
 }
 
-// The item's M query rows . one packed key tile, into scores (AMX: whole 16-row blocks of s.tile_queries).
+// The item's M query rows . one packed key tile, into scores.
 template <int D>
-void tile_dots(bool amx, const Scratch& s, int64_t M, const uint32_t* keys, float* scores) {
-#ifdef RAPID_LLM_HAS_AMX
-  if constexpr (D % 32 == 0) {
-    if (amx) {
-      for (int64_t r = 0; r < M; r += kTileRows)
-        prefill_amx::score_block<D, kKeyTile>(s.tile_queries.data() + r * D, keys, scores + r * kKeyTile);
-      return;
-    }
-  }
-#endif
+void tile_dots(const Scratch& s, int64_t M, const uint32_t* keys, float* scores) {
   constexpr int kScoreRows = 4;
   int64_t r = 0;
   for (; r + kScoreRows <= M; r += kScoreRows)
@@ -227,18 +191,7 @@ void tile_dots(bool amx, const Scratch& s, int64_t M, const uint32_t* keys, floa
 
 // acc += the rows' probabilities . one packed value tile over its first `pairs` key pairs.
 template <int D>
-void tile_values(bool amx, Scratch& s, int64_t M, const uint32_t* values, int64_t pairs) {
-#ifdef RAPID_LLM_HAS_AMX
-  if constexpr (D % 32 == 0) {
-    if (amx) {
-      const int halves = pairs > 16 ? 2 : 1;
-      for (int64_t r = 0; r < M; r += kTileRows)
-        prefill_amx::accumulate_block<D, kKeyTile / 2>(s.probabilities.data() + r * kKeyTile / 2, values, halves,
-                                                        s.acc.data() + r * D);
-      return;
-    }
-  }
-#endif
+void tile_values(Scratch& s, int64_t M, const uint32_t* values, int64_t pairs) {
   constexpr int kValueRows = D >= 256 ? 1 : 256 / D;
   int64_t r = 0;
   for (; r + kValueRows <= M; r += kValueRows)
@@ -249,14 +202,11 @@ void tile_values(bool amx, Scratch& s, int64_t M, const uint32_t* values, int64_
 
 template <int D>
 void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* query, PackedTiles<D> tiles,
-                 int64_t seq_len, int64_t query_end, float scale, int64_t window, bool amx, c10::BFloat16* out,
-                 Scratch& s) {
+                 int64_t seq_len, int64_t query_end, float scale, int64_t window, c10::BFloat16* out, Scratch& s) {
   const int64_t G = L.group, M = (item.token_end - item.token_begin) * G;
-  // The AMX form computes whole blocks of 16 rows; the padding rows' results are never read.
-  const int64_t rows = amx ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
-  s.probabilities.assign(rows * kKeyTile / 2, 0u);
-  s.scores.resize(rows * kKeyTile);
-  s.acc.assign(rows * D, 0.0f);
+  s.probabilities.assign(M * kKeyTile / 2, 0u);
+  s.scores.resize(M * kKeyTile);
+  s.acc.assign(M * D, 0.0f);
   s.running_max.assign(M, -std::numeric_limits<float>::infinity());
   s.running_sum.assign(M * 16, 0.0f);
   s.q_rows.resize(M);
@@ -267,11 +217,6 @@ void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* 
                                                     (item.kv_head * G + r % G) * L.q_head_stride);
     s.positions[r] = seq_len - (query_end - token);
   }
-  if (amx) {
-    s.tile_queries.assign(rows * D, c10::BFloat16(0.0f));
-    for (int64_t r = 0; r < M; ++r)
-      std::memcpy(s.tile_queries.data() + r * D, s.q_rows[r], D * sizeof(c10::BFloat16));
-  }
   const int64_t first_position = s.positions[0], last_position = s.positions[M - 1];
   const int64_t key_end = last_position + 1;
   const int64_t key_begin = window > 0 ? std::max<int64_t>(0, first_position - window + 1) : 0;
@@ -280,12 +225,12 @@ void attend_item(const PrefillItem& item, const Layout& L, const c10::BFloat16* 
     // A tile needs masking when a key in it is after the first row's position or before the last row's window.
     const bool masked = count < kKeyTile || first + count - 1 > first_position ||
                         (window > 0 && first < last_position - window + 1);
-    tile_dots<D>(amx, s, M, tiles.keys(tile), s.scores.data());
+    tile_dots<D>(s, M, tiles.keys(tile), s.scores.data());
     for (int64_t r = 0; r < M; ++r)
       softmax_row<D>(s.scores.data() + r * kKeyTile, scale, first, count, s.positions[r], window, masked,
                      s.running_max[r], s.running_sum.data() + r * 16, s.acc.data() + r * D,
                      s.probabilities.data() + r * kKeyTile / 2);
-    tile_values<D>(amx, s, M, tiles.values(tile), (count + 1) / 2);
+    tile_values<D>(s, M, tiles.values(tile), (count + 1) / 2);
   }
   for (int64_t r = 0; r < M; ++r) {
     const int64_t token = item.token_begin + r / G;
@@ -343,24 +288,47 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
       const int64_t head = (slot - first_slot[i]) / tiles_per_head, tile = (slot - first_slot[i]) % tiles_per_head;
       const int64_t first = tile * kKeyTile, count = std::min(kKeyTile, seq_lens[seq] - first);
       const C* keys = cache + head * L.cache_head_stride;
+      const int64_t* table = tables + seq * table_stride;
       uint32_t* dst = packed.data() + slot * PackedTiles<D>::kTileWords;
-      pack_keys<C, D>(keys, tables + seq * table_stride, L, first, count, k_scale, dst);
-      pack_values<C, D>(keys + L.cache_kv_stride, tables + seq * table_stride, L, first, count, v_scale,
-                        dst + PackedTiles<D>::kKeyWords);
-    }
-    Scratch scratch;
 #ifdef RAPID_LLM_HAS_AMX
-    if (amx) prefill_amx::configure_tiles();
+      if constexpr (D % 32 == 0) {
+        if (amx) {
+          uint16_t* halves = reinterpret_cast<uint16_t*>(dst);
+          prefill_amx::pack_key_rows<C, D>(keys, table, L, first, count, k_scale, halves);
+          prefill_amx::pack_value_columns<C, D>(keys + L.cache_kv_stride, table, L, first, count, v_scale,
+                                                halves + kKeyTile * D);
+          continue;
+        }
+      }
 #endif
+      pack_keys<C, D>(keys, table, L, first, count, k_scale, dst);
+      pack_values<C, D>(keys + L.cache_kv_stride, table, L, first, count, v_scale, dst + PackedTiles<D>::kKeyWords);
+    }
+#ifdef RAPID_LLM_HAS_AMX
+    if constexpr (D % 32 == 0) {
+      if (amx) {
+        prefill_amx::Scratch scratch;
+        prefill_amx::configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t n = 0; n < num_items; ++n) {
-      const PrefillItem& item = items[n];
-      attend_item<D>(item, L, q, tiles_of(item.seq, item.kv_head), seq_lens[ids[item.seq]],
-                     query_start[ids[item.seq] + 1], scale, window, amx, out, scratch);
+        for (int64_t n = 0; n < num_items; ++n) {
+          const PrefillItem& item = items[n];
+          prefill_amx::attend_item<D>(item, L, q, reinterpret_cast<const uint16_t*>(tiles_of(item.seq, item.kv_head).base),
+                                      seq_lens[ids[item.seq]], query_start[ids[item.seq] + 1], scale, window, out,
+                                      scratch);
+        }
+        _tile_release();
+      }
     }
-#ifdef RAPID_LLM_HAS_AMX
-    if (amx) _tile_release();
 #endif
+    if (!amx) {
+      Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t n = 0; n < num_items; ++n) {
+        const PrefillItem& item = items[n];
+        attend_item<D>(item, L, q, tiles_of(item.seq, item.kv_head), seq_lens[ids[item.seq]],
+                       query_start[ids[item.seq] + 1], scale, window, out, scratch);
+      }
+    }
   }
 }
 
@@ -395,7 +363,7 @@ std::vector<int64_t> prefill_attention_head_dims() {
 
 // Same arguments as paged_attention (paged_attention.cpp); the query and output are bf16, the cache bf16 or
 // float8_e4m3fn, and head_dim one of prefill_attention_head_dims() (none where the CPU lacks AVX-512 BF16).
-// amx_tiles asks for the AMX form of the products, taken where AMX is built and granted and head_dim is a
+// amx_tiles asks for the AMX form (prefill_attention_amx.h), taken where AMX is built and granted and head_dim is a
 // multiple of 32 (else the AVX-512 BF16 form computes them).
 void prefill_attention(at::Tensor output, const at::Tensor& query, const at::Tensor& kv_cache,
                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
