@@ -13,9 +13,11 @@
 
 #include "bf16_bits.h"
 #include "exp_poly.h"
+#include "silu_bf16.h"
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 // No fused multiply-adds here: a*b - c*d must round each product as the reference's separate ATen ops do
@@ -178,6 +180,17 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
+#ifdef RAPID_LLM_HAS_SILU_BF16
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+      at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+          silu_bf16::silu_and_mul_row(bits + r * x.stride(0), bits + r * x.stride(0) + width,
+                                      reinterpret_cast<uint16_t*>(dst) + r * width, width);
+      });
+      return;
+    }
+#endif
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
       std::vector<float> gate(width), up(width);
       for (int64_t r = begin; r < end; ++r) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "amx_tiles.h"
+#include "exp2_avx512.h"
 #include "prefill_tiles.h"
 
 #ifdef RAPID_LLM_HAS_AMX
@@ -117,17 +118,6 @@ inline void accumulate_columns(const uint16_t* values, const uint32_t* probabili
       _tile_stored(3, out + 48 * kLanes, 64);
     }
   }
-}
-
-// 2^y, 16 lanes, for finite y: 2^floor(y) applied by scalef to 2^f, f = y - floor(y) in [0, 1), from a
-// degree-4 polynomial fitted for relative error (below 3e-6, far under the bf16 rounding the probabilities
-// get). Underflows to 0 (or a subnormal, which the bf16 conversion flushes) far below the maximum.
-inline __m512 exp2_16(__m512 y) {
-  const __m512 f = _mm512_reduce_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.013534074649214745f), f, _mm512_set1_ps(0.05201144143939018f));
-  for (const float c : {0.24144293367862701f, 0.69300377368927f, 1.0000026226043701f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, y);
 }
 
 // One block's dot products for a key tile (scores[k * 16 + lane], keys from key_first) become bf16
