@@ -30,6 +30,7 @@ from rapid_llm.sampling import SamplingParams
 from rapid_llm.scheduler_proc.scheduler import Scheduler
 from rapid_llm.server_args import ServerArgs
 from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
+from rapid_llm.worker_proc.host_malloc import keep_freed_activation_pages
 from rapid_llm.worker_proc.model_runner import ModelRunner
 from rapid_llm.worker_proc.worker import Worker
 
@@ -49,6 +50,8 @@ class LockStep:
         self.scheduler = Scheduler(msgspec.structs.replace(config.scheduler, num_kv_blocks=self.runner.num_blocks,
                                                            async_scheduling=False))
         self.worker = Worker(self.runner)
+        if self.runner.device.type == "cpu":
+            keep_freed_activation_pages()  # as the server's worker process does
         self.first_token: set[str] = set()
 
     def step(self) -> tuple[float, int]:

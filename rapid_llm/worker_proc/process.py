@@ -39,6 +39,7 @@ from rapid_llm.ipc.messages import SchedulerToWorker, Shutdown, StepPlan, Worker
 from rapid_llm.ipc.sockets import IpcPaths, Receiver, Sender
 from rapid_llm.utils.process import configure_child, report_failure, report_ready
 from rapid_llm.worker_proc.cpu_threads import CpuThreadPolicy, cpu_thread_policy
+from rapid_llm.worker_proc.host_malloc import keep_freed_activation_pages
 from rapid_llm.worker_proc.kv_agent import KVAgent
 from rapid_llm.worker_proc.kv_tier import open_tier
 from rapid_llm.worker_proc.model_runner import ModelRunner
@@ -70,6 +71,7 @@ def run_worker(config: EngineConfig, rank: int, paths: IpcPaths, dist_init_metho
                                  speculative=config.scheduler.speculative, lora=config.scheduler.lora)
         thread_policy: CpuThreadPolicy | None = None
         if runner.device.type == "cpu":
+            keep_freed_activation_pages()
             # Ranks on one host share its cores: each gets its share.
             share = max(1, torch.get_num_threads() // (len(parallel.local_ranks) * parallel.data_parallel_size))
             thread_policy, reason = cpu_thread_policy(runner.model, share)
