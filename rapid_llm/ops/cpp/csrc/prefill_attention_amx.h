@@ -120,16 +120,51 @@ inline void accumulate_columns(const uint16_t* values, const uint32_t* probabili
   }
 }
 
+// probabilities[i * 16 + lane] = the bf16 pair of 2^(s c - max_c) for keys 2i and 2i + 1 of a tile's dot products
+// (scores[k * 16 + lane]), 0 where `keep` (when given) drops a key; returns the lanes' sums of the fp32 weights.
+inline __m512 weigh_tile(const float* scores, __m512 c, __m512 max_c, const __mmask16* keep, uint32_t* probabilities) {
+  alignas(64) static constexpr int16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  __m512 sums[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int i = 0; i < kKeyTile / 2; ++i) {
+    __m512 even = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + 2 * i * kLanes), c, max_c));
+    __m512 odd = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + (2 * i + 1) * kLanes), c, max_c));
+    if (keep != nullptr) {
+      even = _mm512_maskz_mov_ps(keep[2 * i], even);
+      odd = _mm512_maskz_mov_ps(keep[2 * i + 1], odd);
+    }
+    sums[0] = _mm512_add_ps(sums[0], even);
+    sums[1] = _mm512_add_ps(sums[1], odd);
+    const __m512i pair = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));  // even keys low, odd high
+    _mm512_store_si512(probabilities + i * kLanes, _mm512_permutexvar_epi16(interleave, pair));
+  }
+  return _mm512_add_ps(sums[0], sums[1]);
+}
+
 // One block's dot products for a key tile (scores[k * 16 + lane], keys from key_first) become bf16
-// probability pairs (probabilities[i * 16 + lane]: keys 2i, 2i + 1); its running max (of unscaled dot
-// products: the scale is positive) and sums move on, and where a lane's max rose, its sum and accumulator
-// column are rescaled. e^(scale (s - max)) is 2^(s c - max c) with c = scale log2(e): one fused multiply-
-// subtract. When `masked`, a lane keeps only keys that exist (below key_first + count), are not after its
-// position and are inside its window (window > 0); the others get probability 0.
+// probability pairs (weigh_tile); its running max (of unscaled dot products: the scale is positive) and sums
+// move on, and where a lane's max rose, its sum and accumulator column are rescaled. e^(scale (s - max)) is
+// 2^(s c - max c) with c = scale log2(e): one fused multiply-subtract. An unmasked tile is first weighed
+// against the running max, with no pass for its own: weights above 1 are harmless far from fp32's range
+// (sums up to 2^32 a tile), so the tile is weighed again against its true max only when a lane's sum passes
+// that or is not finite (a lane's first keys: max -inf). When `masked`, a lane keeps only keys that exist
+// (below key_first + count), are not after its position and are inside its window (window > 0); the others get
+// probability 0.
 template <int D>
 inline void softmax_columns(const float* scores, float scale, int64_t key_first, int64_t count,
                             const int32_t* positions, int64_t window, bool masked, float* running_max,
                             float* running_sum, float* acc, uint32_t* probabilities) {
+  const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
+  const __m512 old_max = _mm512_loadu_ps(running_max);
+  __m512 sum = _mm512_loadu_ps(running_sum);
+  if (!masked) {
+    const __m512 tile_sum = weigh_tile(scores, c, _mm512_mul_ps(old_max, c), nullptr, probabilities);
+    if (_mm512_cmp_ps_mask(tile_sum, _mm512_set1_ps(4294967296.0f), _CMP_NLE_UQ) == 0) {
+      _mm512_storeu_ps(running_sum, _mm512_add_ps(sum, tile_sum));
+      return;
+    }
+  }
   const __m512 minus_infinity = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 maxima[4] = {minus_infinity, minus_infinity, minus_infinity, minus_infinity};
   __mmask16 keep[kKeyTile];
@@ -149,29 +184,10 @@ inline void softmax_columns(const float* scores, float scale, int64_t key_first,
     for (int k = 0; k < kKeyTile; k += 4)
       for (int u = 0; u < 4; ++u) maxima[u] = _mm512_max_ps(maxima[u], _mm512_load_ps(scores + (k + u) * kLanes));
   }
-  const __m512 old_max = _mm512_loadu_ps(running_max);
   const __m512 new_max = _mm512_max_ps(old_max, _mm512_max_ps(_mm512_max_ps(maxima[0], maxima[1]),
                                                               _mm512_max_ps(maxima[2], maxima[3])));
-  const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
   // Lanes with no kept key yet (max -inf) compute garbage that their masks zero.
-  const __m512 max_c = _mm512_mul_ps(new_max, c);
-  alignas(64) static constexpr int16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
-  __m512 sums[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int i = 0; i < kKeyTile / 2; ++i) {
-    __m512 even = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + 2 * i * kLanes), c, max_c));
-    __m512 odd = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + (2 * i + 1) * kLanes), c, max_c));
-    if (masked) {
-      even = _mm512_maskz_mov_ps(keep[2 * i], even);
-      odd = _mm512_maskz_mov_ps(keep[2 * i + 1], odd);
-    }
-    sums[0] = _mm512_add_ps(sums[0], even);
-    sums[1] = _mm512_add_ps(sums[1], odd);
-    const __m512i pair = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));  // even keys low, odd high
-    _mm512_store_si512(probabilities + i * kLanes, _mm512_permutexvar_epi16(interleave, pair));
-  }
-  __m512 sum = _mm512_loadu_ps(running_sum);
+  const __m512 tile_sum = weigh_tile(scores, c, _mm512_mul_ps(new_max, c), masked ? keep : nullptr, probabilities);
   const __mmask16 rose = _mm512_cmp_ps_mask(new_max, old_max, _CMP_NEQ_UQ);
   if (rose) {
     // Lanes whose max held multiply by 1 (their difference may be -inf - -inf); the others by e^(old - new).
@@ -182,7 +198,7 @@ inline void softmax_columns(const float* scores, float scale, int64_t key_first,
     for (int d = 0; d < D; ++d)
       _mm512_storeu_ps(acc + d * kLanes, _mm512_mul_ps(correction, _mm512_loadu_ps(acc + d * kLanes)));
   }
-  _mm512_storeu_ps(running_sum, _mm512_add_ps(sum, _mm512_add_ps(sums[0], sums[1])));
+  _mm512_storeu_ps(running_sum, _mm512_add_ps(sum, tile_sum));
   _mm512_storeu_ps(running_max, new_max);
 }
 
