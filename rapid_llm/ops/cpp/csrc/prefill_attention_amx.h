@@ -128,8 +128,8 @@ inline __m512 weigh_tile(const float* scores, __m512 c, __m512 max_c, const __mm
   const __m512i interleave = _mm512_load_si512(kInterleave);
   __m512 sums[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int i = 0; i < kKeyTile / 2; ++i) {
-    __m512 even = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + 2 * i * kLanes), c, max_c));
-    __m512 odd = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(scores + (2 * i + 1) * kLanes), c, max_c));
+    __m512 even = exp2_16<3>(_mm512_fmsub_ps(_mm512_load_ps(scores + 2 * i * kLanes), c, max_c));
+    __m512 odd = exp2_16<3>(_mm512_fmsub_ps(_mm512_load_ps(scores + (2 * i + 1) * kLanes), c, max_c));
     if (keep != nullptr) {
       even = _mm512_maskz_mov_ps(keep[2 * i], even);
       odd = _mm512_maskz_mov_ps(keep[2 * i + 1], odd);

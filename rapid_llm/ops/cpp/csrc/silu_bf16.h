@@ -25,7 +25,7 @@ inline __m256i narrow_16(__m512 values) { return reinterpret_cast<__m256i>(_mm51
 
 // x / (1 + e^-x): -0 once e^-x overflows, NaN at -inf, as torch computes it.
 inline __m512 silu_16(__m512 x) {
-  const __m512 exp_minus_x = exp2_16(_mm512_mul_ps(x, _mm512_set1_ps(-1.4426950408889634f)));
+  const __m512 exp_minus_x = exp2_16<5>(_mm512_mul_ps(x, _mm512_set1_ps(-1.4426950408889634f)));
   return _mm512_div_ps(x, _mm512_add_ps(exp_minus_x, _mm512_set1_ps(1.0f)));
 }
 
