@@ -6,6 +6,8 @@
 // the reference rounds (each ATen op rounds its result), so outputs equal torch_ref's up to the order of
 // the fp32 sum of squares and e^x's last bit. fp-contract is off in this file (GCC pragma below; the
 // extension is built with the C++ compiler torch's cpp_extension picks, g++ on Linux). Rows run in parallel (at::parallel_for).
+// On AVX-512 BF16 CPUs, bf16 rms_norm, fused_add_rms_norm, silu_and_mul and neox rotary rows take explicit
+// 16-lane kernels instead (rms_norm_bf16.h, silu_bf16.h, rotary_bf16.h), rounding at the same points.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -13,6 +15,8 @@
 
 #include "bf16_bits.h"
 #include "exp_poly.h"
+#include "rms_norm_bf16.h"
+#include "rotary_bf16.h"
 #include "silu_bf16.h"
 
 #include <cmath>
@@ -112,6 +116,16 @@ void check_weight(const at::Tensor& weight, const at::Tensor& x) {
               "rms_norm: weight must be a contiguous [width] tensor in the input's dtype");
 }
 
+// A bf16 tensor's values as their bits, for the explicit AVX-512 row kernels.
+template <typename T>
+const uint16_t* bits_of(const T* values) {
+  return reinterpret_cast<const uint16_t*>(values);
+}
+template <typename T>
+uint16_t* mutable_bits_of(T* values) {
+  return reinterpret_cast<uint16_t*>(values);
+}
+
 template <typename T>
 std::vector<float> widened_weight(const at::Tensor& weight) {
   std::vector<float> values(weight.size(0));
@@ -129,6 +143,16 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
+#ifdef RAPID_LLM_HAS_RMS_NORM_BF16
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+          rms_norm_bf16::normalize_row(bits_of(src + r * stride), bits_of(weight.data_ptr<scalar_t>()),
+                                       mutable_bits_of(dst + r * hidden), hidden, static_cast<float>(eps));
+      });
+      return;
+    }
+#endif
     const std::vector<float> w = widened_weight<scalar_t>(weight);
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
       std::vector<float> row(hidden);
@@ -156,6 +180,17 @@ std::vector<at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor
     const scalar_t* b = residual.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     scalar_t* sum = summed.data_ptr<scalar_t>();
+#ifdef RAPID_LLM_HAS_RMS_NORM_BF16
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+          rms_norm_bf16::add_normalize_row(bits_of(a + r * x.stride(0)), bits_of(b + r * residual.stride(0)),
+                                           bits_of(weight.data_ptr<scalar_t>()), mutable_bits_of(sum + r * hidden),
+                                           mutable_bits_of(dst + r * hidden), hidden, static_cast<float>(eps));
+      });
+      return;
+    }
+#endif
     const std::vector<float> w = widened_weight<scalar_t>(weight);
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
       std::vector<float> row(hidden), other(hidden);
@@ -182,11 +217,10 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
     scalar_t* dst = out.data_ptr<scalar_t>();
 #ifdef RAPID_LLM_HAS_SILU_BF16
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-      const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
       at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r)
-          silu_bf16::silu_and_mul_row(bits + r * x.stride(0), bits + r * x.stride(0) + width,
-                                      reinterpret_cast<uint16_t*>(dst) + r * width, width);
+          silu_bf16::silu_and_mul_row(bits_of(src + r * x.stride(0)), bits_of(src + r * x.stride(0) + width),
+                                      mutable_bits_of(dst + r * width), width);
       });
       return;
     }
@@ -218,6 +252,17 @@ void rotate(const at::Tensor& x, at::Tensor& out, const T* cos, const T* sin, in
   const int64_t rows = x.size(0), width = x.size(1), heads = width / head_dim, half = rotary_dim / 2;
   const T* src = x.data_ptr<T>();
   T* dst = out.data_ptr<T>();
+#ifdef RAPID_LLM_HAS_ROTARY_BF16
+  if constexpr (kNeox && std::is_same_v<T, c10::BFloat16>) {
+    at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        rotary_bf16::rotate_neox_row(bits_of(src + r * x.stride(0)), bits_of(cos + r * table_stride),
+                                     bits_of(sin + r * table_stride), mutable_bits_of(dst + r * width), heads,
+                                     head_dim, rotary_dim);
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     std::vector<float> row(width), c(half), s(half);
     for (int64_t r = begin; r < end; ++r) {
