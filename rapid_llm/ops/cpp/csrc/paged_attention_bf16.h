@@ -11,7 +11,7 @@
 
 #include "paged_attention.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512DQ__)  // DQ: every BF16 CPU has it
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define RAPID_LLM_HAS_AVX512_BF16_ATTENTION 1
 
 #include <immintrin.h>
