@@ -25,7 +25,7 @@ def test_sigterm_lets_short_requests_finish_and_ends_the_rest_with_errors(long_c
         plain = pool.submit(httpx.post, url, json=LONG_REQUEST, timeout=60)
         streamed = pool.submit(httpx.post, url, json={**LONG_REQUEST, "stream": True}, timeout=60)
         time.sleep(1.0)
-        short = pool.submit(httpx.post, url, json={"prompt": "Hi", "max_tokens": 8}, timeout=60)
+        short = pool.submit(httpx.post, url, json={"prompt": "Hi", "max_tokens": 8, "ignore_eos": True}, timeout=60)
         time.sleep(0.2)  # the short request has arrived before the signal
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
