@@ -66,8 +66,11 @@ void one_row_blocks(const at::BFloat16* x, int64_t K, const at::BFloat16* packed
   const uint32_t* input_pairs = reinterpret_cast<const uint32_t*>(x);
   for (int64_t pair = 0; pair < K / 2; ++pair) {
     const __m512bh input = (__m512bh)_mm512_set1_epi32(static_cast<int>(input_pairs[pair]));
-    for (int b = 0; b < BLOCKS; ++b)
-      sums[b] = _mm512_dpbf16_ps(sums[b], input, (__m512bh)_mm512_loadu_si512(pair_row(packed, K, block + b, pair)));
+    for (int b = 0; b < BLOCKS; ++b) {
+      const at::BFloat16* row = pair_row(packed, K, block + b, pair);
+      packed_weight::prefetch_ahead(row);
+      sums[b] = _mm512_dpbf16_ps(sums[b], input, (__m512bh)_mm512_loadu_si512(row));
+    }
   }
   alignas(64) float block_sums[kOutputsPerBlock];
   for (int b = 0; b < BLOCKS; ++b) {

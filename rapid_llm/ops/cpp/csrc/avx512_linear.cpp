@@ -45,7 +45,11 @@ void micro_kernel(const uint32_t* x, int64_t pairs, const uint32_t* packed, int6
   const uint32_t* weights = packed + block * pairs * kBlock;
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh w[B];
-    for (int b = 0; b < B; ++b) w[b] = (__m512bh)_mm512_loadu_si512(weights + (b * pairs + p) * kBlock);
+    for (int b = 0; b < B; ++b) {
+      const uint32_t* row = weights + (b * pairs + p) * kBlock;
+      if (R == 1) packed_weight::prefetch_ahead(row);  // a one-row pass streams from memory; more reuse L2
+      w[b] = (__m512bh)_mm512_loadu_si512(row);
+    }
     for (int r = 0; r < R; ++r) {
       const __m512bh input = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * pairs + p]));
       for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], input, w[b]);
