@@ -36,9 +36,10 @@ inline const C* cache_row(const C* head_base, const int64_t* block_table, const 
 
 // e^x for x <= 0 (-inf included), 16 lanes: 2^n * 2^f with 2^f from a degree-5 Taylor series (relative
 // error below 3e-6, far under the bf16 rounding the probabilities get) and the exponent applied by scalef.
-// Below -88 it gives about 6e-39: a subnormal, which the bf16 conversion of the probabilities flushes to 0.
+// Below -87 it gives e^-87 (1.6e-38), the bottom of fp32's normal range: a subnormal (e^-88 was one) would
+// cost a microcode assist in every instruction it meets on Intel CPUs (exp2_avx512.h).
 inline __m512 exp_of_nonpositive_16(__m512 x) {
-  const __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(1.4426950408889634f));
+  const __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.4426950408889634f));
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
   __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);
