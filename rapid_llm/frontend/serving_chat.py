@@ -104,8 +104,9 @@ class ChatFormat:
             content, tool_calls = stream.feed(content, final)
             if stream.called_tools:
                 finish_reason = _tool_finish_reason(finish_reason)
-        if content:
-            delta["content"] = content
+        parsing = self.reasoning_parser is not None or self.make_tool_parser is not None
+        if content or (output.token_ids and not parsing):
+            delta["content"] = content  # "" for tokens whose text is held back (vLLM's chunk shape)
         if tool_calls:
             delta["tool_calls"] = tool_calls
         logprobs = self._logprobs(output)

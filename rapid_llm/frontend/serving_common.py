@@ -321,7 +321,9 @@ class Serving:
         n: int,
         include_usage: bool,
     ) -> AsyncIterator[dict[str, Any]]:
-        # Tokens whose text the detokenizer still holds back wait here, so that no chunk is empty.
+        # A delta with neither tokens nor text nor an end (prompt logprobs ahead of the first token) waits here
+        # for the next one. A token whose text the detokenizer holds back (an incomplete UTF-8 sequence) goes
+        # out at once with empty text, as vLLM streams it, so a client sees every token when it is made.
         pending = [ChoiceOutput() for _ in range(num_choices)]
         opened = [False] * num_choices
         cached = [0] * num_choices
@@ -332,7 +334,7 @@ class Serving:
                 cached[index] = max(cached[index], delta.num_cached_tokens)
                 output = pending[index]
                 output.add(delta)
-                if not delta.text and delta.finish_reason is None:
+                if not delta.text and not delta.token_ids and delta.finish_reason is None:
                     continue
                 if not opened[index]:
                     opened[index] = True

@@ -56,6 +56,8 @@ class FakeEngine:
         self.hold_after: int | None = None  # block forever after this many deltas (client-disconnect tests)
         self.fail_after: int | None = None  # raise after this many deltas (engine-failure tests)
         self.engine_error: tuple[ErrorKind, str] | None = None  # (kind, text) the engine ends requests with
+        # The first deltas' text comes with the next delta, as the detokenizer holds back an incomplete character.
+        self.text_held_deltas = 0
 
     def reply_token_ids(self, params: SamplingParams) -> list[int]:
         reply = self.tokenizer.encode(REPLIES[(params.seed or 0) % len(REPLIES)]) + [EOS_TOKEN_ID]
@@ -87,6 +89,7 @@ class FakeEngine:
             self.running.discard(request_id)
             raise engine_error(request_id, *self.engine_error)
         finished = False
+        held = ""
         try:
             for count, start in enumerate(range(0, len(token_ids), self.tokens_per_delta)):
                 if count == self.hold_after:
@@ -100,9 +103,11 @@ class FakeEngine:
                 if last:
                     finish_reason = "stop" if chunk[-1] == EOS_TOKEN_ID and not params.ignore_eos else "length"
                 finished = last
+                text = held + self.tokenizer.decode(chunk, skip_special_tokens=params.skip_special_tokens)
+                held, text = (text, "") if count < self.text_held_deltas and not last else ("", text)
                 yield TextDelta(
                     request_id=request_id,
-                    text=self.tokenizer.decode(chunk, skip_special_tokens=params.skip_special_tokens),
+                    text=text,
                     token_ids=chunk,
                     logprobs=self._logprobs(chunk, params, start),
                     finish_reason=finish_reason,
