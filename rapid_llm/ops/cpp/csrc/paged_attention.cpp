@@ -1,10 +1,11 @@
 // Causal attention over the paged KV cache on the CPU, for one mixed batch (prefills, chunks after
 // cached context, decodes). K/V rows are read in place through each sequence's block table: nothing is
-// gathered or padded. A work item is (query token, kv head, key range): its group of query heads shares
-// every K/V row it converts to fp32, and an online softmax (fp32, one rescale per cache block) keeps one
-// pass over the keys. When there are too few items to keep every thread busy (one or two long decodes),
-// each token's key range is split and the partial results are merged by log-sum-exp. Only the given
-// sequences are computed: the Python backend sends long prefills to a GEMM-based kernel instead.
+// gathered or padded. A work item is (query token, key range), whose kv heads one thread takes in turn; each
+// head's group of query heads shares every K/V row it converts to fp32, and an online softmax (fp32, one
+// rescale per cache block) keeps one pass over the keys. When there are too few items to keep every thread
+// busy (one or two long decodes), each token's key range is split and the partial results are merged by
+// log-sum-exp. Only the given sequences are computed: the Python backend sends long prefills to a GEMM-based
+// kernel instead.
 // The cache is either in the query's dtype or fp8 e4m3 (`--kv-cache-dtype fp8`): each row is then
 // multiplied by its per-tensor dequantization scale (k_scale / v_scale) while it is widened to fp32.
 // bf16 query and cache with head_dim a multiple of 32, on AVX-512 BF16 CPUs: paged_attention_bf16.h.
@@ -46,7 +47,7 @@ inline float dot(const float* a, const float* b, int n) {
   return sum;
 }
 
-// One item: `group` query heads of one token against keys [key_begin, key_end) of one kv head.
+// One item's kv head: its `group` query heads of one token against keys [key_begin, key_end).
 // Writes the unnormalised accumulator, running max and sum (acc [group, D], max/sum [group]).
 // kHeadDim > 0 fixes head_dim at compile time (the row loops then unroll; 0 = any head_dim).
 // C is the cache's element type (T, or fp8 with k_scale / v_scale; 1 for a T cache).
@@ -95,14 +96,13 @@ void attend(const WorkItem& item, int64_t kv_head, const Layout& L, const T* que
 
 // Items for every (token, split) of the sequences `seq_ids`; `num_partials` counts the split items.
 std::vector<WorkItem> plan_items(const int64_t* query_start, const int64_t* seq_lens, const int64_t* seq_ids,
-                                 int64_t num_seqs, int64_t num_kv_heads, int64_t sliding_window,
+                                 int64_t num_seqs, int64_t sliding_window,
                                  int64_t block_size, int num_threads, int64_t& num_partials) {
   int64_t num_tokens = 0;
   for (int64_t i = 0; i < num_seqs; ++i) num_tokens += query_start[seq_ids[i] + 1] - query_start[seq_ids[i]];
   if (num_tokens == 0) return {};
   const int64_t wanted_items = static_cast<int64_t>(num_threads) * kItemsPerThread;
-  const int64_t splits_wanted = num_tokens * num_kv_heads >= wanted_items
-      ? 1 : (wanted_items + num_tokens * num_kv_heads - 1) / (num_tokens * num_kv_heads);
+  const int64_t splits_wanted = num_tokens >= wanted_items ? 1 : (wanted_items + num_tokens - 1) / num_tokens;
   std::vector<WorkItem> items;
   items.reserve(num_tokens * (splits_wanted > 1 ? 2 : 1));
   num_partials = 0;
@@ -163,7 +163,7 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
   int64_t num_partials = 0;
   const std::vector<WorkItem> items =
       plan_items(query_start_loc.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), seq_ids.data_ptr<int64_t>(),
-                 seq_ids.size(0), L.num_kv_heads, sliding_window, L.block_size, num_threads, num_partials);
+                 seq_ids.size(0), sliding_window, L.block_size, num_threads, num_partials);
   // Partial rows [num_partials, kv_heads, G, D] and their max/sum; direct items use a per-thread row.
   std::vector<float> partial_acc(num_partials * L.num_kv_heads * G * D);
   std::vector<float> partial_max(num_partials * L.num_kv_heads * G), partial_sum(partial_max.size());
@@ -172,28 +172,32 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
   T* out = output.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t table_stride = block_tables.stride(0);
-  const int64_t num_work = static_cast<int64_t>(items.size()) * L.num_kv_heads;
+  const int64_t num_items = static_cast<int64_t>(items.size());
   const AttendFn<T, C> attend_item = attend_for<T, C>(D);
 
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch, direct_acc(G * D), direct_max(G), direct_sum(G);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t work = 0; work < num_work; ++work) {
-      const WorkItem& item = items[work / L.num_kv_heads];
-      const int64_t kv_head = work % L.num_kv_heads;
+    for (int64_t n = 0; n < num_items; ++n) {
+      const WorkItem& item = items[n];
       const bool direct = item.partial < 0;
-      const int64_t row = direct ? 0 : item.partial * L.num_kv_heads + kv_head;
-      float* acc = direct ? direct_acc.data() : partial_acc.data() + row * G * D;
-      float* running_max = direct ? direct_max.data() : partial_max.data() + row * G;
-      float* running_sum = direct ? direct_sum.data() : partial_sum.data() + row * G;
-      attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale), k_scale,
-                  v_scale, acc, running_max, running_sum, scratch);
-      if (!direct) continue;
-      for (int64_t g = 0; g < G; ++g) {
-        T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
-        const float inverse = 1.0f / running_sum[g];
-        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d] * inverse);
+      // Every kv head of the item in this thread: a slot's rows of all heads lie side by side in the cache,
+      // so the lines the hardware brings for one head serve the next from L2 instead of another core's
+      // fetching them again (a head per work unit read an 8000-token decode's K/V from memory twice over).
+      for (int64_t kv_head = 0; kv_head < L.num_kv_heads; ++kv_head) {
+        const int64_t row = direct ? 0 : item.partial * L.num_kv_heads + kv_head;
+        float* acc = direct ? direct_acc.data() : partial_acc.data() + row * G * D;
+        float* running_max = direct ? direct_max.data() : partial_max.data() + row * G;
+        float* running_sum = direct ? direct_sum.data() : partial_sum.data() + row * G;
+        attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale),
+                    k_scale, v_scale, acc, running_max, running_sum, scratch);
+        if (!direct) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
+          const float inverse = 1.0f / running_sum[g];
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d] * inverse);
+        }
       }
     }
   }
