@@ -1,7 +1,8 @@
 // The item kernel of paged_attention.cpp for a bf16 query and bf16 cache on AVX-512 BF16 CPUs, with
 // head_dim a multiple of 32. A key's dot product with a query head is one AVX-512 BF16 instruction per 32
 // dims, which leaves 16 partial sums; the partial vectors of 16 keys are totalled lane-wise by one
-// transpose-and-add tree (45 instructions for 16 scores). P.V is AVX-512 BF16 dot products too: the
+// transpose-and-add tree (45 instructions for 16 scores), and the softmax takes one max per chunk of 256 keys
+// (one rescale of the accumulator per chunk). P.V is AVX-512 BF16 dot products too: the
 // probabilities are rounded to bf16 (as flash attention does on GPUs), two value rows are interleaved so
 // one instruction adds p_j v_j + p_j+1 v_j+1 for 16 dims, into a head's accumulator held in registers
 // across a chunk of 256 keys (up to head_dim 128; at 256 the compiler spills some of it). Scores are
@@ -62,23 +63,6 @@ inline __m512bh load_bf16_pairs(const c10::BFloat16* src) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(src));
 }
 
-// The run's scores (lanes >= count ignored) become probabilities rounded to bf16, two keys per 32-bit lane
-// (the P.V dot products' operand); returns their sum, taken over the rounded values so that the
-// normaliser weighs exactly what the values are multiplied by. running_max moves to the run's max and
-// `correction` is the factor that rescales what was accumulated before it.
-inline __m256i softmax_run_bf16(__m512 scores, int64_t count, float& running_max, float& correction,
-                                float& run_sum) {
-  const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
-  scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scores);
-  const float block_max = std::max(running_max, _mm512_reduce_max_ps(scores));
-  correction = exp_poly(running_max - block_max);  // 0 on the first run (-inf)
-  running_max = block_max;
-  const __m512 p = exp_poly_16(_mm512_sub_ps(scores, _mm512_set1_ps(block_max)));  // 0 in the ignored lanes
-  const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p));
-  run_sum = _mm512_reduce_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
-  return rounded;
-}
-
 // Same contract as paged_attention.cpp's `attend` (k_scale / v_scale are 1 for a bf16 cache).
 template <int kHeadDim>
 void attend_bf16(const WorkItem& item, int64_t kv_head, const Layout& L, const c10::BFloat16* query,
@@ -96,59 +80,74 @@ void attend_bf16(const WorkItem& item, int64_t kv_head, const Layout& L, const c
     running_sum[g] = 0.0f;
   }
   std::fill(acc, acc + L.group * kHeadDim, 0.0f);
-  // Chunks of keys outside, heads inside: a chunk's K/V rows stay in L2 while each head of the group reads
-  // them, and a head's accumulator stays in registers across the chunk. While the keys are walked, acc
-  // vector 2c of a head holds dims 32c + 8i + {0..3} of each 128-bit lane i and vector 2c + 1 dims
-  // 32c + 8i + {4..7}: the order unpacklo/unpackhi_epi16 give two interleaved value rows.
+  // Chunks of keys outside, heads inside: a chunk's K/V rows stay in L1/L2 while each head of the group reads
+  // them, and a head's accumulator stays in registers across the chunk. A head first scores the whole chunk,
+  // then takes its max, rescales what it accumulated once and weighs every key against that max: the
+  // horizontal max and sum, the scalar e^x and the rescale happen once per chunk, and no chain of them runs
+  // from one 16 keys to the next. While the keys are walked, acc vector 2c of a head holds dims 32c + 8i +
+  // {0..3} of each 128-bit lane i and vector 2c + 1 dims 32c + 8i + {4..7}: the order unpacklo/unpackhi_epi16
+  // give two interleaved value rows.
+  int64_t rows[kKeysPerChunk];  // the chunk's keys' offsets in the cache (the same for every head)
+  alignas(64) float scores[kKeysPerChunk];
+  alignas(64) uint32_t probability_pairs[kKeysPerChunk / 2];  // bf16 probabilities of keys 2i (low), 2i + 1
   for (int64_t chunk_begin = item.key_begin; chunk_begin < item.key_end; chunk_begin += kKeysPerChunk) {
-    const int64_t chunk_end = std::min(item.key_end, chunk_begin + kKeysPerChunk);
+    const int64_t count = std::min(item.key_end - chunk_begin, kKeysPerChunk);
+    for (int64_t i = 0, block = chunk_begin / BS, offset = chunk_begin % BS; i < count; ++i) {
+      rows[i] = block_table[block] * L.cache_block_stride + offset * slot;
+      if (++offset == BS) offset = 0, ++block;
+    }
     for (int64_t g = 0; g < L.group; ++g) {
       const c10::BFloat16* q_head = q + g * L.q_head_stride;
       __m512bh q_pairs[kPairVectors];
       for (int c = 0; c < kPairVectors; ++c) q_pairs[c] = load_bf16_pairs(q_head + 32 * c);
-      float* head_acc = acc + g * kHeadDim;
-      __m512 accumulator[kFloatVectors];
-      for (int c = 0; c < kFloatVectors; ++c) accumulator[c] = _mm512_loadu_ps(head_acc + 16 * c);
-      float head_max = running_max[g], head_sum = running_sum[g];
-      for (int64_t start = chunk_begin; start < chunk_end;) {
-        const int64_t offset = start % BS;
-        const int64_t count = std::min({kKeysPerRun, BS - offset, chunk_end - start});
-        const int64_t row0 = block_table[start / BS] * L.cache_block_stride + offset * slot;
+      __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t run = 0; run < count; run += kKeysPerRun) {
+        const int64_t keys_in_run = std::min(kKeysPerRun, count - run);
         __m512 partial[kKeysPerRun];
         for (int64_t j = 0; j < kKeysPerRun; ++j) {
           partial[j] = _mm512_setzero_ps();
-          if (j >= count) continue;
+          if (j >= keys_in_run) continue;
           for (int c = 0; c < kPairVectors; ++c)
-            partial[j] = _mm512_dpbf16_ps(partial[j], q_pairs[c], load_bf16_pairs(keys + row0 + j * slot + 32 * c));
+            partial[j] = _mm512_dpbf16_ps(partial[j], q_pairs[c], load_bf16_pairs(keys + rows[run + j] + 32 * c));
         }
-        float correction, run_sum;
-        alignas(32) uint32_t probability_pairs[kKeysPerRun / 2];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(probability_pairs),
-                           softmax_run_bf16(_mm512_mul_ps(lane_totals(partial), scale_vector), count, head_max,
-                                            correction, run_sum));
-        head_sum = head_sum * correction + run_sum;
-        if (correction != 1.0f)
-          for (int c = 0; c < kFloatVectors; ++c)
-            accumulator[c] = _mm512_mul_ps(accumulator[c], _mm512_set1_ps(correction));
-        for (int64_t j = 0; j < count; j += 2) {  // keys j and j + 1 in one dot product per 16 dims
-          const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(probability_pairs[j / 2]));
-          const c10::BFloat16* value = values + row0 + j * slot;
-          for (int c = 0; c < kPairVectors; ++c) {
-            const __m512i first = _mm512_loadu_si512(value + 32 * c);
-            // past the run the second row may be another sequence's or unwritten: zero, not p = 0 times it
-            const __m512i second =
-                j + 1 < count ? _mm512_loadu_si512(value + slot + 32 * c) : _mm512_setzero_si512();
-            accumulator[2 * c] = _mm512_dpbf16_ps(
-                accumulator[2 * c], reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(first, second)), pair);
-            accumulator[2 * c + 1] = _mm512_dpbf16_ps(
-                accumulator[2 * c + 1], reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(first, second)), pair);
-          }
+        const __mmask16 valid = static_cast<__mmask16>((1u << keys_in_run) - 1u);
+        const __m512 run_scores = _mm512_mask_blend_ps(
+            valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+            _mm512_mul_ps(lane_totals(partial), scale_vector));
+        _mm512_store_ps(scores + run, run_scores);
+        chunk_max = _mm512_max_ps(chunk_max, run_scores);
+      }
+      const float head_max = std::max(running_max[g], _mm512_reduce_max_ps(chunk_max));
+      const float correction = exp_poly(running_max[g] - head_max);  // 0 on the first chunk (-inf)
+      running_max[g] = head_max;
+      float* head_acc = acc + g * kHeadDim;
+      __m512 accumulator[kFloatVectors];
+      for (int c = 0; c < kFloatVectors; ++c)
+        accumulator[c] = _mm512_mul_ps(_mm512_loadu_ps(head_acc + 16 * c), _mm512_set1_ps(correction));
+      // Probabilities rounded to bf16 and summed as rounded, so that the normaliser weighs exactly what the
+      // values are multiplied by; 0 in the lanes past the chunk's keys.
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t run = 0; run < count; run += kKeysPerRun) {
+        const __m256i rounded = reinterpret_cast<__m256i>(
+            _mm512_cvtneps_pbh(exp_poly_16(_mm512_sub_ps(_mm512_load_ps(scores + run), _mm512_set1_ps(head_max)))));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(probability_pairs + run / 2), rounded);
+        sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
+      }
+      running_sum[g] = running_sum[g] * correction + _mm512_reduce_add_ps(sum);
+      for (int64_t j = 0; j < count; j += 2) {  // keys j and j + 1 in one dot product per 16 dims
+        const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(probability_pairs[j / 2]));
+        for (int c = 0; c < kPairVectors; ++c) {
+          const __m512i first = _mm512_loadu_si512(values + rows[j] + 32 * c);
+          // past the chunk the second row may be another sequence's or unwritten: zero, not p = 0 times it
+          const __m512i second =
+              j + 1 < count ? _mm512_loadu_si512(values + rows[j + 1] + 32 * c) : _mm512_setzero_si512();
+          accumulator[2 * c] = _mm512_dpbf16_ps(
+              accumulator[2 * c], reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(first, second)), pair);
+          accumulator[2 * c + 1] = _mm512_dpbf16_ps(
+              accumulator[2 * c + 1], reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(first, second)), pair);
         }
-        start += count;
       }
       for (int c = 0; c < kFloatVectors; ++c) _mm512_storeu_ps(head_acc + 16 * c, accumulator[c]);
-      running_max[g] = head_max;
-      running_sum[g] = head_sum;
     }
   }
   const __m512i lower_dims = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
