@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.profile_step import fill_kv_cache
+from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.worker_proc.model_runner import ModelRunner
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,3 +50,13 @@ def test_profile_step_times_a_mixed_step_with_pinned_ops(tiny_checkpoint) -> Non
                   "--op-backend", "linear=torch_ref")
     assert "step: 2 decodes at 20 + 1 prefills of 9" in output and "median" in output
     assert "linear=torch_ref" in output and "ATen ops" in output and "Self CPU" in output
+
+
+def test_profile_step_fills_the_kv_cache_but_its_padding_block(tiny_checkpoint) -> None:
+    runner = ModelRunner(ModelConfig.from_pretrained(str(tiny_checkpoint())), CacheConfig(block_size=16, num_blocks=4),
+                         DeviceConfig("cpu"), {}, max_num_seqs=1)
+    fill_kv_cache(runner)
+    kept = [block for block in range(runner.kv_cache.num_blocks) if block != runner.padding_block]
+    for tensor in range(runner.kv_cache.num_tensors):
+        assert runner.kv_cache.read_blocks(tensor, kept).float().abs().sum() > 0
+        assert not runner.kv_cache.read_blocks(tensor, [runner.padding_block]).any()
