@@ -131,8 +131,13 @@ template <typename T, typename C>
 using AttendFn = void (*)(const WorkItem&, int64_t, const Layout&, const T*, const C*, const int64_t*, float, float,
                           float, float*, float*, float*, std::vector<float>&);
 
+// An item's every kv head in one call, chunk by chunk (paged_attention_bf16.h); null where none applies.
 template <typename T, typename C>
-AttendFn<T, C> attend_for(int64_t head_dim) {
+using AttendAllFn = void (*)(const WorkItem&, const Layout&, const T*, const C*, const int64_t*, float, float*,
+                             float*, float*);
+
+template <typename T, typename C>
+AttendAllFn<T, C> attend_all_heads_for(int64_t head_dim) {
 #ifdef RAPID_LLM_HAS_AVX512_BF16_ATTENTION
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, c10::BFloat16>) {
     switch (head_dim) {
@@ -144,6 +149,11 @@ AttendFn<T, C> attend_for(int64_t head_dim) {
     }
   }
 #endif
+  return nullptr;
+}
+
+template <typename T, typename C>
+AttendFn<T, C> attend_for(int64_t head_dim) {
   switch (head_dim) {
     case 32: return attend<T, C, 32>;
     case 64: return attend<T, C, 64>;
@@ -174,24 +184,33 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
   const int64_t table_stride = block_tables.stride(0);
   const int64_t num_items = static_cast<int64_t>(items.size());
   const AttendFn<T, C> attend_item = attend_for<T, C>(D);
+  const AttendAllFn<T, C> attend_all_heads = attend_all_heads_for<T, C>(D);
 
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scratch, direct_acc(G * D), direct_max(G), direct_sum(G);
+    const int64_t HKV = L.num_kv_heads;
+    std::vector<float> scratch, direct_acc(HKV * G * D), direct_max(HKV * G), direct_sum(HKV * G);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < num_items; ++n) {
       const WorkItem& item = items[n];
       const bool direct = item.partial < 0;
       // Every kv head of the item in this thread: a slot's rows of all heads lie side by side in the cache,
-      // so the lines the hardware brings for one head serve the next from L2 instead of another core's
-      // fetching them again (a head per work unit read an 8000-token decode's K/V from memory twice over).
-      for (int64_t kv_head = 0; kv_head < L.num_kv_heads; ++kv_head) {
-        const int64_t row = direct ? 0 : item.partial * L.num_kv_heads + kv_head;
-        float* acc = direct ? direct_acc.data() : partial_acc.data() + row * G * D;
-        float* running_max = direct ? direct_max.data() : partial_max.data() + row * G;
-        float* running_sum = direct ? direct_sum.data() : partial_sum.data() + row * G;
-        attend_item(item, kv_head, L, q, cache, tables + item.seq * table_stride, static_cast<float>(scale),
-                    k_scale, v_scale, acc, running_max, running_sum, scratch);
+      // so the lines the hardware brings for one head serve the next instead of another core's fetching
+      // them again (a head per work unit read an 8000-token decode's K/V from memory twice over). The bf16
+      // kernel takes them all in one call, key chunk by key chunk; the generic one head by head.
+      float* item_acc = direct ? direct_acc.data() : partial_acc.data() + item.partial * HKV * G * D;
+      float* item_max = direct ? direct_max.data() : partial_max.data() + item.partial * HKV * G;
+      float* item_sum = direct ? direct_sum.data() : partial_sum.data() + item.partial * HKV * G;
+      const int64_t* table = tables + item.seq * table_stride;
+      if (attend_all_heads != nullptr)
+        attend_all_heads(item, L, q, cache, table, static_cast<float>(scale), item_acc, item_max, item_sum);
+      for (int64_t kv_head = 0; kv_head < HKV; ++kv_head) {
+        float* acc = item_acc + kv_head * G * D;
+        float* running_max = item_max + kv_head * G;
+        float* running_sum = item_sum + kv_head * G;
+        if (attend_all_heads == nullptr)
+          attend_item(item, kv_head, L, q, cache, table, static_cast<float>(scale), k_scale, v_scale, acc,
+                      running_max, running_sum, scratch);
         if (!direct) continue;
         for (int64_t g = 0; g < G; ++g) {
           T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
