@@ -188,8 +188,8 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
 
 #pragma omp parallel num_threads(num_threads)
   {
-    const int64_t HKV = L.num_kv_heads;
-    std::vector<float> scratch, direct_acc(HKV * G * D), direct_max(HKV * G), direct_sum(HKV * G);
+    const int64_t heads = L.num_kv_heads * G;  // the item's query heads, kv head by kv head
+    std::vector<float> scratch, direct_acc(heads * D), direct_max(heads), direct_sum(heads);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < num_items; ++n) {
       const WorkItem& item = items[n];
@@ -198,25 +198,22 @@ void run(at::Tensor& output, const at::Tensor& query, const at::Tensor& kv_cache
       // so the lines the hardware brings for one head serve the next instead of another core's fetching
       // them again (a head per work unit read an 8000-token decode's K/V from memory twice over). The bf16
       // kernel takes them all in one call, key chunk by key chunk; the generic one head by head.
-      float* item_acc = direct ? direct_acc.data() : partial_acc.data() + item.partial * HKV * G * D;
-      float* item_max = direct ? direct_max.data() : partial_max.data() + item.partial * HKV * G;
-      float* item_sum = direct ? direct_sum.data() : partial_sum.data() + item.partial * HKV * G;
+      float* acc = direct ? direct_acc.data() : partial_acc.data() + item.partial * heads * D;
+      float* running_max = direct ? direct_max.data() : partial_max.data() + item.partial * heads;
+      float* running_sum = direct ? direct_sum.data() : partial_sum.data() + item.partial * heads;
       const int64_t* table = tables + item.seq * table_stride;
-      if (attend_all_heads != nullptr)
-        attend_all_heads(item, L, q, cache, table, static_cast<float>(scale), item_acc, item_max, item_sum);
-      for (int64_t kv_head = 0; kv_head < HKV; ++kv_head) {
-        float* acc = item_acc + kv_head * G * D;
-        float* running_max = item_max + kv_head * G;
-        float* running_sum = item_sum + kv_head * G;
-        if (attend_all_heads == nullptr)
-          attend_item(item, kv_head, L, q, cache, table, static_cast<float>(scale), k_scale, v_scale, acc,
-                      running_max, running_sum, scratch);
-        if (!direct) continue;
-        for (int64_t g = 0; g < G; ++g) {
-          T* dst = out + (item.token * L.num_heads + kv_head * G + g) * D;
-          const float inverse = 1.0f / running_sum[g];
-          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d] * inverse);
-        }
+      if (attend_all_heads != nullptr) {
+        attend_all_heads(item, L, q, cache, table, static_cast<float>(scale), acc, running_max, running_sum);
+      } else {
+        for (int64_t kv_head = 0; kv_head < L.num_kv_heads; ++kv_head)
+          attend_item(item, kv_head, L, q, cache, table, static_cast<float>(scale), k_scale, v_scale,
+                      acc + kv_head * G * D, running_max + kv_head * G, running_sum + kv_head * G, scratch);
+      }
+      if (!direct) continue;
+      for (int64_t head = 0; head < heads; ++head) {
+        T* dst = out + (item.token * L.num_heads + head) * D;
+        const float inverse = 1.0f / running_sum[head];
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[head * D + d] * inverse);
       }
     }
   }

@@ -78,10 +78,10 @@ void attend_bf16(const WorkItem& item, const Layout& L, const c10::BFloat16* que
   // Chunks of keys outside, heads inside (every query head of every kv head): a chunk's slots, which hold all
   // kv heads' rows side by side, stay in L1/L2 while each head reads its rows, whatever the item's length
   // (walking a long item head by head had each head's lines fetched from memory on their own: 4 decodes at
-  // 8000 tokens ~8 % slower), and a head's accumulator stays in registers across the chunk. A head first scores the whole chunk,
-  // then takes its max, rescales what it accumulated once and weighs every key against that max: the
-  // horizontal max and sum, the scalar e^x and the rescale happen once per chunk, and no chain of them runs
-  // from one 16 keys to the next. While the keys are walked, acc vector 2c of a head holds dims 32c + 8i +
+  // 8000 tokens ~8 % slower), and a head's accumulator stays in registers across the chunk. A head first
+  // scores the whole chunk, then takes its max, rescales what it accumulated once and weighs every key against
+  // that max: the horizontal max and sum, the scalar e^x and the rescale happen once per chunk, and no chain
+  // of them runs from one 16 keys to the next. While the keys are walked, acc vector 2c of a head holds dims 32c + 8i +
   // {0..3} of each 128-bit lane i and vector 2c + 1 dims 32c + 8i + {4..7}: the order unpacklo/unpackhi_epi16
   // give two interleaved value rows.
   int64_t rows[kKeysPerChunk];  // the chunk's keys' offsets in the cache (the same for every head)
