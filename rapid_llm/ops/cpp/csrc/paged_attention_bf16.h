@@ -5,7 +5,8 @@
 // (one rescale of the accumulator per chunk). P.V is AVX-512 BF16 dot products too: the
 // probabilities are rounded to bf16 (as flash attention does on GPUs), two value rows are interleaved so
 // one instruction adds p_j v_j + p_j+1 v_j+1 for 16 dims, into a head's accumulator held in registers
-// across a chunk of 256 keys (up to head_dim 128; at 256 the compiler spills some of it). Scores are
+// across a chunk of 256 keys (up to head_dim 128; at 256 the compiler spills some of it), while the next
+// chunk's K/V lines are prefetched into L2 a few per run of 16 keys. Scores are
 // scaled after the dot product (the generic kernel scales the query first), so results differ from it by
 // rounding only.
 #pragma once
@@ -63,6 +64,39 @@ inline __m512bh load_bf16_pairs(const c10::BFloat16* src) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(src));
 }
 
+// The next chunk's K and V lines (every kv head's, slot by slot in memory order) fetched into L2 a few at a
+// time, spread evenly over the current chunk's runs. Without it the first head to touch a chunk waits on
+// memory at each new 4 KiB page (a slot's rows of one head are 64-256 bytes apart, too few per page for the
+// hardware prefetcher to get ahead), so memory time and compute time added up instead of overlapping.
+class ChunkPrefetcher {
+ public:
+  ChunkPrefetcher(const Layout& L, const c10::BFloat16* cache)
+      : cache_(reinterpret_cast<const char*>(cache)),
+        kv_bytes_(L.cache_kv_stride * static_cast<int64_t>(sizeof(c10::BFloat16))),
+        slot_lines_((L.num_kv_heads * L.cache_head_stride * static_cast<int64_t>(sizeof(c10::BFloat16)) + 63) / 64) {}
+
+  // Spread `count` slots at element offsets `rows` over `calls` calls of step().
+  void start(const int64_t* rows, int64_t count, int64_t calls) {
+    rows_ = rows, count_ = count, slot_ = 0, line_ = 0;
+    per_call_ = (count * 2 * slot_lines_ + calls - 1) / std::max<int64_t>(calls, 1);
+  }
+
+  void step() {
+    for (int64_t k = 0; k < per_call_ && slot_ < count_; ++k) {
+      const char* row = cache_ + rows_[slot_] * static_cast<int64_t>(sizeof(c10::BFloat16));
+      const int64_t line = line_ < slot_lines_ ? line_ : line_ - slot_lines_;  // K's lines, then V's
+      _mm_prefetch(row + (line_ < slot_lines_ ? 0 : kv_bytes_) + 64 * line, _MM_HINT_T1);
+      if (++line_ == 2 * slot_lines_) line_ = 0, ++slot_;
+    }
+  }
+
+ private:
+  const char* cache_;
+  int64_t kv_bytes_, slot_lines_;
+  const int64_t* rows_ = nullptr;
+  int64_t count_ = 0, slot_ = 0, line_ = 0, per_call_ = 0;
+};
+
 // paged_attention.cpp's `attend` for every kv head of the item in one call: acc [kv_heads, group, D] and
 // running_max / running_sum [kv_heads, group] (a bf16 cache needs no k_scale / v_scale).
 template <int kHeadDim>
@@ -84,15 +118,26 @@ void attend_bf16(const WorkItem& item, const Layout& L, const c10::BFloat16* que
   // of them runs from one 16 keys to the next. While the keys are walked, acc vector 2c of a head holds dims 32c + 8i +
   // {0..3} of each 128-bit lane i and vector 2c + 1 dims 32c + 8i + {4..7}: the order unpacklo/unpackhi_epi16
   // give two interleaved value rows.
-  int64_t rows[kKeysPerChunk];  // the chunk's keys' offsets in the cache (the same for every head)
+  // The keys' offsets in the cache (the same for every head) of the current chunk and the next one.
+  int64_t chunk_rows[2][kKeysPerChunk];
   alignas(64) float scores[kKeysPerChunk];
   alignas(64) uint32_t probability_pairs[kKeysPerChunk / 2];  // bf16 probabilities of keys 2i (low), 2i + 1
-  for (int64_t chunk_begin = item.key_begin; chunk_begin < item.key_end; chunk_begin += kKeysPerChunk) {
-    const int64_t count = std::min(item.key_end - chunk_begin, kKeysPerChunk);
+  const auto fill_rows = [&](int64_t chunk_begin, int64_t* rows) {
+    const int64_t count = std::max<int64_t>(0, std::min(item.key_end - chunk_begin, kKeysPerChunk));
     for (int64_t i = 0, block = chunk_begin / BS, offset = chunk_begin % BS; i < count; ++i) {
       rows[i] = block_table[block] * L.cache_block_stride + offset * slot;
       if (++offset == BS) offset = 0, ++block;
     }
+    return count;
+  };
+  ChunkPrefetcher prefetcher(L, cache);
+  int64_t next_count = fill_rows(item.key_begin, chunk_rows[0]);
+  for (int64_t chunk_begin = item.key_begin, parity = 0; chunk_begin < item.key_end;
+       chunk_begin += kKeysPerChunk, parity ^= 1) {
+    const int64_t count = next_count;
+    const int64_t* rows = chunk_rows[parity];
+    next_count = fill_rows(chunk_begin + kKeysPerChunk, chunk_rows[parity ^ 1]);
+    prefetcher.start(chunk_rows[parity ^ 1], next_count, heads * ((count + kKeysPerRun - 1) / kKeysPerRun));
     for (int64_t head = 0; head < heads; ++head) {  // the item's query heads, kv head by kv head
       const int64_t kv_head = head / L.group;
       const c10::BFloat16* q_head = query + item.token * L.q_token_stride + head * L.q_head_stride;
@@ -103,6 +148,7 @@ void attend_bf16(const WorkItem& item, const Layout& L, const c10::BFloat16* que
       __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int64_t run = 0; run < count; run += kKeysPerRun) {
         const int64_t keys_in_run = std::min(kKeysPerRun, count - run);
+        prefetcher.step();
         __m512 partial[kKeysPerRun];
         for (int64_t j = 0; j < kKeysPerRun; ++j) {
           partial[j] = _mm512_setzero_ps();
