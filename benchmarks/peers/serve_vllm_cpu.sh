@@ -28,7 +28,9 @@ fi
 # Preload tcmalloc and the venv's Intel OpenMP runtime, as vLLM's CPU docs
 # recommend (vLLM warns at start-up when they are missing).
 preload=()
-tcmalloc="$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}')"
+# awk reads to the end: an early exit can kill ldconfig with SIGPIPE, which pipefail + set -e turned into this
+# script exiting silently before vLLM started (an empty server log, now and then)
+tcmalloc="$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / && !found {found = $NF} END {if (found) print found}')"
 [ -n "$tcmalloc" ] && preload+=("$tcmalloc")
 iomp="$(find "$VLLM_VENV/lib" -name 'libiomp5.so' 2>/dev/null | head -n1 || true)"
 [ -n "$iomp" ] && preload+=("$iomp")

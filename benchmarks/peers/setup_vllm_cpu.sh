@@ -16,7 +16,7 @@ log() { printf '[setup_vllm_cpu] %s\n' "$*" >&2; }
 
 # --- 1. tcmalloc (vLLM CPU recommends preloading it) -------------------------
 find_tcmalloc() {
-    ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}'
+    ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / && !found {found = $NF} END {if (found) print found}'
 }
 if [ -z "$(find_tcmalloc)" ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
