@@ -6,10 +6,14 @@ shapes, while the packed weight streams through this kernel in 4-10 µs ([1, 256
 (benchmarks/bench_ops.py). Weights whose out or in features are not multiples of 32 keep oneDNN's
 format and kernel. Sums are fp32 in another order than oneDNN's, rounded once to bf16 (denormal results flush
 to zero, as in the AMX and AVX-512 BF16 instructions).
+Its gated form takes a merged [gate; up] weight and writes silu(gate) * up from the GEMM's epilogue, bit-identical
+to the linear followed by silu_and_mul's cpu_cpp kernel (the MLP's widest tensor is never stored or reread).
 Usage: chosen by priority on AMX CPUs for bf16 models, or `--op-backend linear=cpu_amx`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -40,10 +44,11 @@ def amx_missing(device_type: str, dtype: str) -> str | None:
 
 
 class PackedLinear(LinearKernel):
-    """A C++ kernel of the CPU extension over amx_pack_weight's layout, by name: amx_linear, avx512_linear."""
+    """A C++ kernel of the CPU extension over amx_pack_weight's layout, by name: amx_linear, avx512_linear;
+    `gated_kernel` names its silu_and_mul form (the MLP's gate_up with the activation in its epilogue), if any."""
 
-    def __init__(self, kernel: str) -> None:
-        self.kernel = kernel
+    def __init__(self, kernel: str, gated_kernel: str | None = None) -> None:
+        self.kernel, self.gated_kernel = kernel, gated_kernel
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
         out_features, in_features = weight.shape
@@ -54,12 +59,24 @@ class PackedLinear(LinearKernel):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if weight.dim() != 3:  # oneDNN's format, or a checkpoint-layout weight (F.linear)
             return ONEDNN_LINEAR(x, weight, bias)
-        kernel = getattr(CPU_OPS.load(), self.kernel)
-        if x.dim() == 2 and x.is_contiguous():  # the hot path's activations: no reshape and view back
-            return kernel(x, weight, bias)
-        rows = x.reshape(-1, x.shape[-1])
-        out = kernel(rows if rows.is_contiguous() else rows.contiguous(), weight, bias)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _over_rows(getattr(CPU_OPS.load(), self.kernel), x, weight, bias)
+
+    def fuses_silu_and_mul(self, weight: torch.Tensor) -> bool:
+        return self.gated_kernel is not None and weight.dim() == 3
+
+    def silu_and_mul_linear(self, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _over_rows(getattr(CPU_OPS.load(), self.gated_kernel), x, weight, bias)
 
 
-AMX_LINEAR = PackedLinear("amx_linear")
+def _over_rows(kernel: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """kernel over x's rows as one contiguous [rows, in] matrix, the result in x's leading shape."""
+    if x.dim() == 2 and x.is_contiguous():  # the hot path's activations: no reshape and view back
+        return kernel(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    out = kernel(rows if rows.is_contiguous() else rows.contiguous(), weight, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+AMX_LINEAR = PackedLinear("amx_linear", gated_kernel="amx_silu_and_mul_linear")

@@ -28,6 +28,15 @@ class LinearKernel:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def fuses_silu_and_mul(self, weight: torch.Tensor) -> bool:
+        """Whether `silu_and_mul_linear` takes this prepared weight (of a merged [gate; up] layer)."""
+        return False
+
+    def silu_and_mul_linear(self, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(gate) * up of `self(x, weight, bias)` = [gate | up] in one call, where fuses_silu_and_mul(weight)."""
+        raise NotImplementedError
+
 
 class TorchLinear(LinearKernel):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

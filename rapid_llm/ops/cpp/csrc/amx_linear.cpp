@@ -4,14 +4,22 @@
 // inputs: broadcast the input pair, 16 outputs per instruction, no horizontal sums) and a row of an AMX
 // B tile (more rows: 16 x 32 x 16 products per tile instruction). The weight streams through once per
 // call either way, and the fp32 sums are rounded to bf16 (plus bias) as each block finishes, so a call is
-// one pass with no fp32 result tensor. Built only where the compiler targets AMX-BF16 and AVX512-BF16
-// (-march=native on such a CPU); elsewhere `amx_linear_supported()` is false and the kernel is skipped.
+// one pass with no fp32 result tensor. `amx_silu_and_mul_linear` is the same pass over a merged [gate; up]
+// weight whose epilogue pairs gate block b with up block b + N/32 and writes silu(gate) * up, rounded where the
+// unfused linear and silu_and_mul round (bit-identical to them), so the MLP's widest output is never stored.
+// Built only where the compiler targets AMX-BF16 and AVX512-BF16 (-march=native on such a CPU); elsewhere
+// `amx_linear_supported()` is false and the kernel is skipped.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
 #include "amx_tiles.h"
 #include "packed_weight.h"
+#include "silu_bf16.h"
+
+#if defined(RAPID_LLM_HAS_AMX) && !defined(RAPID_LLM_HAS_SILU_BF16)
+#error "amx_linear.cpp: every AMX target has AVX-512 BW/DQ/VL, which the gated epilogue (silu_bf16.h) needs"
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -56,51 +64,78 @@ inline void store_rows(const float* sums, int64_t sums_stride, int rows, const f
   }
 }
 
-// One input row, BLOCKS blocks of 16 outputs from `block`: a dot-product chain per block (independent
-// chains hide the instruction's latency).
+// silu(gate) * up for rows x 16 outputs from fp32 sums + bias, each sum rounded to bf16 first as the plain
+// linear stores it, then as silu_and_mul rounds (silu_bf16.h); out (row stride out_stride) at column n, the
+// gate's bias at bias[n] and the up's at bias[n + up_offset].
+inline void store_gated_rows(const float* gate_sums, const float* up_sums, int64_t sums_stride, int rows,
+                             const float* bias, int64_t n, int64_t up_offset, at::BFloat16* out, int64_t out_stride) {
+  using bf16_avx512::round_16;
+  const __m512 gate_bias = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+  const __m512 up_bias = bias ? _mm512_loadu_ps(bias + n + up_offset) : _mm512_setzero_ps();
+  for (int row = 0; row < rows; ++row) {
+    const __m512 gate = round_16(_mm512_add_ps(_mm512_loadu_ps(gate_sums + row * sums_stride), gate_bias));
+    const __m512 up = round_16(_mm512_add_ps(_mm512_loadu_ps(up_sums + row * sums_stride), up_bias));
+    const __m512 product = _mm512_mul_ps(round_16(silu_bf16::silu_16(gate)), up);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * out_stride + n), bf16_avx512::narrow_16(product));
+  }
+}
+
+// One input row, the BLOCKS blocks of 16 outputs `blocks` lists: a dot-product chain per block (independent
+// chains hide the instruction's latency); the fp32 sums land in sums[BLOCKS][16].
 template <int BLOCKS>
-void one_row_blocks(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, int64_t block, const float* bias,
-                    at::BFloat16* out, int64_t N) {
-  __m512 sums[BLOCKS];
-  for (int b = 0; b < BLOCKS; ++b) sums[b] = _mm512_setzero_ps();
+void one_row_sums(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, const int64_t* blocks, float* sums) {
+  __m512 chains[BLOCKS];
+  for (int b = 0; b < BLOCKS; ++b) chains[b] = _mm512_setzero_ps();
   const uint32_t* input_pairs = reinterpret_cast<const uint32_t*>(x);
   for (int64_t pair = 0; pair < K / 2; ++pair) {
     const __m512bh input = (__m512bh)_mm512_set1_epi32(static_cast<int>(input_pairs[pair]));
     for (int b = 0; b < BLOCKS; ++b) {
-      const at::BFloat16* row = pair_row(packed, K, block + b, pair);
+      const at::BFloat16* row = pair_row(packed, K, blocks[b], pair);
       packed_weight::prefetch_ahead(row);
-      sums[b] = _mm512_dpbf16_ps(sums[b], input, (__m512bh)_mm512_loadu_si512(row));
+      chains[b] = _mm512_dpbf16_ps(chains[b], input, (__m512bh)_mm512_loadu_si512(row));
     }
   }
-  alignas(64) float block_sums[kOutputsPerBlock];
-  for (int b = 0; b < BLOCKS; ++b) {
-    _mm512_store_ps(block_sums, sums[b]);
-    store_rows(block_sums, kOutputsPerBlock, 1, bias, (block + b) * kOutputsPerBlock, out, N);
-  }
+  for (int b = 0; b < BLOCKS; ++b) _mm512_storeu_ps(sums + b * kOutputsPerBlock, chains[b]);
 }
 
+// One input row: tasks of up to 4 output blocks (plain), or of up to 2 gate blocks with their up blocks (gated).
 void one_row_linear(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, int64_t N, const float* bias,
-                    at::BFloat16* out) {
-  constexpr int64_t kBlocksPerTask = 4;
-  const int64_t blocks = N / kOutputsPerBlock;
-  const int64_t tasks = (blocks + kBlocksPerTask - 1) / kBlocksPerTask;
+                    at::BFloat16* out, bool gated) {
+  const int64_t per_task = gated ? 2 : 4;
+  const int64_t outputs = gated ? N / 2 : N, blocks = outputs / kOutputsPerBlock, gate_blocks = N / 32;
+  const int64_t tasks = (blocks + per_task - 1) / per_task;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float sums[4 * kOutputsPerBlock];
+    int64_t task_blocks[4];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task * kBlocksPerTask;
-      switch (std::min(kBlocksPerTask, blocks - block)) {
-        case 1: one_row_blocks<1>(x, K, packed, block, bias, out, N); break;
-        case 2: one_row_blocks<2>(x, K, packed, block, bias, out, N); break;
-        case 3: one_row_blocks<3>(x, K, packed, block, bias, out, N); break;
-        default: one_row_blocks<4>(x, K, packed, block, bias, out, N); break;
+      const int64_t first = task * per_task, count = std::min(per_task, blocks - first);
+      for (int64_t b = 0; b < count; ++b) {
+        task_blocks[b] = first + b;
+        if (gated) task_blocks[count + b] = first + b + gate_blocks;
+      }
+      switch (gated ? 2 * count : count) {
+        case 1: one_row_sums<1>(x, K, packed, task_blocks, sums); break;
+        case 2: one_row_sums<2>(x, K, packed, task_blocks, sums); break;
+        case 3: one_row_sums<3>(x, K, packed, task_blocks, sums); break;
+        default: one_row_sums<4>(x, K, packed, task_blocks, sums); break;
+      }
+      for (int64_t b = 0; b < count; ++b) {
+        const int64_t n = (first + b) * kOutputsPerBlock;
+        if (gated)
+          store_gated_rows(sums + b * kOutputsPerBlock, sums + (count + b) * kOutputsPerBlock, 0, 1, bias, n, N / 2,
+                           out, outputs);
+        else
+          store_rows(sums + b * kOutputsPerBlock, kOutputsPerBlock, 1, bias, n, out, N);
       }
     }
   });
 }
 
-// Sums for `rows` (<= 16 with one input tile, else 32 with two) x 32 outputs from block pair `pair_block`,
-// over all of K; rows are contiguous with stride K, the sums land in sums[32][32] (row stride 32).
+// Sums for `rows` (<= 16 with one input tile, else 32 with two) x 32 outputs, output blocks `left` and `right`
+// side by side, over all of K; rows are contiguous with stride K, the sums land in sums[32][32] (row stride 32).
 template <bool TWO_INPUT_TILES>
-void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, int64_t pair_block, float* sums) {
+void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, int64_t left, int64_t right,
+                float* sums) {
   _tile_zero(0);
   _tile_zero(1);
   if (TWO_INPUT_TILES) {
@@ -109,8 +144,8 @@ void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, in
   }
   for (int64_t k = 0; k < K; k += kInputsPerStep) {
     _tile_loadd(4, x + k, K * 2);
-    _tile_loadd(6, pair_row(packed, K, 2 * pair_block, k / 2), 64);
-    _tile_loadd(7, pair_row(packed, K, 2 * pair_block + 1, k / 2), 64);
+    _tile_loadd(6, pair_row(packed, K, left, k / 2), 64);
+    _tile_loadd(7, pair_row(packed, K, right, k / 2), 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if (TWO_INPUT_TILES) {
@@ -128,22 +163,30 @@ void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, in
   }
 }
 
-// Store sums[rows][32] as its two 16-output halves.
-void store_pair_block(const float* sums, int rows, const float* bias, int64_t pair_block, at::BFloat16* out, int64_t N) {
+// Task `task` of a call over N / 32 tasks: plain, output blocks 2 task and 2 task + 1; gated, gate block `task`
+// and its up block task + N / 32. Computes `rows` rows from x and stores them at out (row stride: the outputs).
+template <bool TWO_INPUT_TILES>
+void tile_task(const at::BFloat16* x, int64_t rows, int64_t K, const at::BFloat16* packed, int64_t N,
+               const float* bias, int64_t task, bool gated, at::BFloat16* out) {
+  alignas(64) float sums[32 * 32];
+  const int64_t tasks = N / 32;
+  tile_block<TWO_INPUT_TILES>(x, K, packed, gated ? task : 2 * task, gated ? task + tasks : 2 * task + 1, sums);
+  if (gated) {
+    store_gated_rows(sums, sums + kOutputsPerBlock, 32, static_cast<int>(rows), bias, task * kOutputsPerBlock, N / 2,
+                     out, N / 2);
+    return;
+  }
   for (int side = 0; side < 2; ++side)
-    store_rows(sums + side * kOutputsPerBlock, 32, rows, bias, (2 * pair_block + side) * kOutputsPerBlock, out, N);
+    store_rows(sums + side * kOutputsPerBlock, 32, static_cast<int>(rows), bias, (2 * task + side) * kOutputsPerBlock,
+               out, N);
 }
 
 // Up to 16 rows: one input tile of exactly those rows, tasks over pairs of output blocks.
 void few_rows_linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, int64_t N,
-                     const float* bias, at::BFloat16* out) {
+                     const float* bias, at::BFloat16* out, bool gated) {
   at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
     configure_tiles(static_cast<int>(M));
-    alignas(64) float sums[32 * 32];
-    for (int64_t pair_block = begin; pair_block < end; ++pair_block) {
-      tile_block<false>(x, K, packed, pair_block, sums);
-      store_pair_block(sums, static_cast<int>(M), bias, pair_block, out, N);
-    }
+    for (int64_t task = begin; task < end; ++task) tile_task<false>(x, M, K, packed, N, bias, task, gated, out);
     _tile_release();
   });
 }
@@ -151,23 +194,19 @@ void few_rows_linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFlo
 // More rows: 32-row blocks (the last one copied into a zero-padded buffer), grouped in panels of 256
 // rows that stay in cache while every output block's weights pass once per panel.
 void many_rows_linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, int64_t N,
-                      const float* bias, at::BFloat16* out) {
+                      const float* bias, at::BFloat16* out, bool gated) {
   constexpr int64_t kPanelRows = 256;
-  const int64_t full_rows = M / 32 * 32;
+  const int64_t full_rows = M / 32 * 32, out_stride = gated ? N / 2 : N;
   std::vector<at::BFloat16> tail(full_rows < M ? 32 * K : 0, at::BFloat16(0.0f));
   if (full_rows < M) std::memcpy(tail.data(), x + full_rows * K, (M - full_rows) * K * sizeof(at::BFloat16));
   for (int64_t panel = 0; panel < M; panel += kPanelRows) {
     const int64_t panel_end = std::min(M, panel + kPanelRows);
     at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
       configure_tiles(kRowsPerTile);
-      alignas(64) float sums[32 * 32];
-      for (int64_t pair_block = begin; pair_block < end; ++pair_block)
-        for (int64_t row = panel; row < panel_end; row += 32) {
-          const bool is_tail = row >= full_rows;
-          tile_block<true>(is_tail ? tail.data() : x + row * K, K, packed, pair_block, sums);
-          store_pair_block(sums, static_cast<int>(std::min<int64_t>(32, M - row)), bias, pair_block,
-                           out + row * N, N);
-        }
+      for (int64_t task = begin; task < end; ++task)
+        for (int64_t row = panel; row < panel_end; row += 32)
+          tile_task<true>(row >= full_rows ? tail.data() : x + row * K, std::min<int64_t>(32, M - row), K, packed, N,
+                          bias, task, gated, out + row * out_stride);
       _tile_release();
     });
   }
@@ -196,28 +235,43 @@ at::Tensor amx_pack_weight(const at::Tensor& weight) {
       .view({N / kOutputsPerBlock, K / 2, 2 * kOutputsPerBlock});
 }
 
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
-  const packed_weight::Call call = packed_weight::check_call("amx_linear", x, packed, bias);
+namespace {
+
+// x W^T + b (gated: silu of the first half of the outputs times the second half) into a new [M, N or N / 2].
+at::Tensor run_packed(const char* op, const at::Tensor& x, const at::Tensor& packed,
+                      const c10::optional<at::Tensor>& bias, bool gated) {
+  const packed_weight::Call call = packed_weight::check_call(op, x, packed, bias);
   const int64_t M = call.M, K = call.K, N = call.N;
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty({M, gated ? N / 2 : N}, x.options());
   if (M == 0) return out;  // an empty tile configuration would fault
 #ifdef RAPID_LLM_HAS_AMX
-  TORCH_CHECK(tile_state_granted(), "amx_linear: the kernel did not grant this process AMX tile state");
+  TORCH_CHECK(tile_state_granted(), op, ": the kernel did not grant this process AMX tile state");
   const at::Tensor bias_fp32 = packed_weight::bias_as_fp32(bias);
   const float* bias_data = bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr;
   const auto* x_data = x.data_ptr<at::BFloat16>();
   const auto* weight = packed.data_ptr<at::BFloat16>();
   auto* out_data = out.data_ptr<at::BFloat16>();
   if (M == 1) {
-    one_row_linear(x_data, K, weight, N, bias_data, out_data);
+    one_row_linear(x_data, K, weight, N, bias_data, out_data, gated);
   } else if (M <= kRowsPerTile) {
-    few_rows_linear(x_data, M, K, weight, N, bias_data, out_data);
+    few_rows_linear(x_data, M, K, weight, N, bias_data, out_data, gated);
   } else {
-    many_rows_linear(x_data, M, K, weight, N, bias_data, out_data);
+    many_rows_linear(x_data, M, K, weight, N, bias_data, out_data, gated);
   }
   return out;
 #else
-  TORCH_CHECK(false, "amx_linear: this build has no AMX-BF16 / AVX512-BF16 code (the CPU lacks them)");
+  TORCH_CHECK(false, op, ": this build has no AMX-BF16 / AVX512-BF16 code (the CPU lacks them)");
   return out;
 #endif
+}
+
+}  // namespace
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  return run_packed("amx_linear", x, packed, bias, false);
+}
+
+at::Tensor amx_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
+                                   const c10::optional<at::Tensor>& bias) {
+  return run_packed("amx_silu_and_mul_linear", x, packed, bias, true);
 }

@@ -1,6 +1,7 @@
 // fused_moe for the `cpu_amx` and `cpu_avx512` kernels in one call per layer: token slots sorted by expert (a
-// counting sort), then per expert that received tokens: gather its rows, the packed linear (amx_linear, or
-// avx512_linear where `amx` is false) with w13[e], silu_and_mul, the same with w2[e], and the weighted
+// counting sort), then per expert that received tokens: gather its rows, the packed linear with w13[e] and
+// silu_and_mul (amx_silu_and_mul_linear, or avx512_linear then silu_and_mul where `amx` is false), the packed
+// linear with w2[e] (amx_linear or avx512_linear), and the weighted
 // scatter-add into the output. The same steps as the Python loop
 // (rapid_llm/ops/moe.py `expert_loop`), whose ~10 ATen calls per expert cost more than the expert's GEMMs
 // at decode sizes. Rounding follows it too: the product of a bf16 row and its routing weight (fp32, or bf16
@@ -19,6 +20,8 @@
 
 at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+at::Tensor amx_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
+                                   const c10::optional<at::Tensor>& bias);
 at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
                          const c10::optional<at::Tensor>& bias);
 
@@ -80,7 +83,9 @@ at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(gathered_data + row * hidden, x_data + order[begin + row] / top_k * hidden,
                   hidden * sizeof(at::BFloat16));
-    const auto down = linear(silu_and_mul(linear(gathered, w13[expert], c10::nullopt)), w2[expert], c10::nullopt);
+    const auto activated = amx ? amx_silu_and_mul_linear(gathered, w13[expert], c10::nullopt)
+                               : silu_and_mul(linear(gathered, w13[expert], c10::nullopt));
+    const auto down = linear(activated, w2[expert], c10::nullopt);
     const auto* down_data = down.data_ptr<at::BFloat16>();
     TORCH_CHECK(down.size(1) == hidden, "packed_fused_moe: w2 must map back to the hidden width ", hidden);
     for (int64_t row = 0; row < rows; ++row) {

@@ -31,6 +31,8 @@ void kv_cache_store(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 bool amx_linear_supported();
 at::Tensor amx_pack_weight(const at::Tensor& weight);
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+at::Tensor amx_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
+                                   const c10::optional<at::Tensor>& bias);
 bool avx512_linear_supported();
 at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
                          const c10::optional<at::Tensor>& bias);
@@ -63,6 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("amx_linear_supported", &amx_linear_supported, "Whether amx_linear runs here (AMX built and granted)");
   module.def("amx_pack_weight", &amx_pack_weight, "A bf16 [out, in] weight in amx_linear's layout");
   module.def("amx_linear", &amx_linear, "x W^T + b over an amx_pack_weight weight (bf16)");
+  module.def("amx_silu_and_mul_linear", &amx_silu_and_mul_linear,
+             "silu_and_mul(x W^T + b) over the amx_pack_weight weight of a merged [gate; up] (bf16)");
   module.def("avx512_linear_supported", &avx512_linear_supported,
              "Whether avx512_linear runs here (built for AVX512-BF16)");
   module.def("avx512_linear", &avx512_linear, "x W^T + b over an amx_pack_weight weight, AVX-512 BF16 (bf16)");
