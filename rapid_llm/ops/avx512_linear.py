@@ -4,7 +4,8 @@ without AMX (csrc/avx512_linear.cpp), e.g. AMD EPYC since Zen 4.
 Where AMX is missing, oneDNN's bf16 GEMM reads a decode step's weights at a fraction of the memory bandwidth;
 this kernel's dot-product loop streams each packed weight row once per pass of up to 6 input rows. Sums are fp32 in
 another order than oneDNN's, rounded once to bf16. Weights whose out or in features are not multiples of 32
-keep oneDNN's format and kernel (PackedLinear.prepare).
+keep oneDNN's format and kernel (PackedLinear.prepare). Its gated form writes the MLP's silu(gate) * up from the
+epilogue, as cpu_amx's does.
 Usage: chosen by priority on AVX-512 BF16 CPUs without AMX for bf16 models, or `--op-backend linear=cpu_avx512`.
 """
 
@@ -27,4 +28,4 @@ def avx512_missing(device_type: str, dtype: str) -> str | None:
     return reason
 
 
-AVX512_LINEAR = PackedLinear("avx512_linear")
+AVX512_LINEAR = PackedLinear("avx512_linear", gated_kernel="avx512_silu_and_mul_linear")

@@ -15,10 +15,10 @@
 
 #include "amx_tiles.h"
 #include "packed_weight.h"
-#include "silu_bf16.h"
+#include "gated_epilogue.h"
 
 #if defined(RAPID_LLM_HAS_AMX) && !defined(RAPID_LLM_HAS_SILU_BF16)
-#error "amx_linear.cpp: every AMX target has AVX-512 BW/DQ/VL, which the gated epilogue (silu_bf16.h) needs"
+#error "amx_linear.cpp: every AMX target has AVX-512 BW/DQ/VL, which the gated epilogue needs"
 #endif
 
 #include <algorithm>
@@ -64,20 +64,16 @@ inline void store_rows(const float* sums, int64_t sums_stride, int rows, const f
   }
 }
 
-// silu(gate) * up for rows x 16 outputs from fp32 sums + bias, each sum rounded to bf16 first as the plain
-// linear stores it, then as silu_and_mul rounds (silu_bf16.h); out (row stride out_stride) at column n, the
-// gate's bias at bias[n] and the up's at bias[n + up_offset].
+// silu(gate) * up (gated_epilogue.h) for rows x 16 outputs from fp32 sums + bias; out (row stride out_stride)
+// at column n, the gate's bias at bias[n] and the up's at bias[n + up_offset].
 inline void store_gated_rows(const float* gate_sums, const float* up_sums, int64_t sums_stride, int rows,
                              const float* bias, int64_t n, int64_t up_offset, at::BFloat16* out, int64_t out_stride) {
-  using bf16_avx512::round_16;
   const __m512 gate_bias = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
   const __m512 up_bias = bias ? _mm512_loadu_ps(bias + n + up_offset) : _mm512_setzero_ps();
-  for (int row = 0; row < rows; ++row) {
-    const __m512 gate = round_16(_mm512_add_ps(_mm512_loadu_ps(gate_sums + row * sums_stride), gate_bias));
-    const __m512 up = round_16(_mm512_add_ps(_mm512_loadu_ps(up_sums + row * sums_stride), up_bias));
-    const __m512 product = _mm512_mul_ps(round_16(silu_bf16::silu_16(gate)), up);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * out_stride + n), bf16_avx512::narrow_16(product));
-  }
+  for (int row = 0; row < rows; ++row)
+    gated_epilogue::store_16(_mm512_add_ps(_mm512_loadu_ps(gate_sums + row * sums_stride), gate_bias),
+                             _mm512_add_ps(_mm512_loadu_ps(up_sums + row * sums_stride), up_bias),
+                             out + row * out_stride + n);
 }
 
 // One input row, the BLOCKS blocks of 16 outputs `blocks` lists: a dot-product chain per block (independent

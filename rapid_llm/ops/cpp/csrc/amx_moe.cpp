@@ -1,7 +1,7 @@
 // fused_moe for the `cpu_amx` and `cpu_avx512` kernels in one call per layer: token slots sorted by expert (a
-// counting sort), then per expert that received tokens: gather its rows, the packed linear with w13[e] and
-// silu_and_mul (amx_silu_and_mul_linear, or avx512_linear then silu_and_mul where `amx` is false), the packed
-// linear with w2[e] (amx_linear or avx512_linear), and the weighted
+// counting sort), then per expert that received tokens: gather its rows, the packed linear's gated form with
+// w13[e] (silu_and_mul in its epilogue), the packed linear with w2[e] (amx_linear's, or avx512_linear's where
+// `amx` is false), and the weighted
 // scatter-add into the output. The same steps as the Python loop
 // (rapid_llm/ops/moe.py `expert_loop`), whose ~10 ATen calls per expert cost more than the expert's GEMMs
 // at decode sizes. Rounding follows it too: the product of a bf16 row and its routing weight (fp32, or bf16
@@ -18,12 +18,13 @@
 // out + bf16(a * w) must round the product before the add, as the reference's two ATen ops do.
 #pragma GCC optimize("fp-contract=off")
 
-at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 at::Tensor amx_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias);
 at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
                          const c10::optional<at::Tensor>& bias);
+at::Tensor avx512_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
+                                      const c10::optional<at::Tensor>& bias);
 
 namespace {
 
@@ -57,6 +58,7 @@ at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
                             const at::Tensor& topk_ids, const at::Tensor& w13, const at::Tensor& w2,
                             bool amx) {
   const auto linear = amx ? amx_linear : avx512_linear;
+  const auto gated_linear = amx ? amx_silu_and_mul_linear : avx512_silu_and_mul_linear;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.device().is_cpu() &&
                   w13.device().is_cpu() && w2.device().is_cpu() && topk_ids.device().is_cpu() &&
                   topk_weights.device().is_cpu(),
@@ -83,9 +85,7 @@ at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(gathered_data + row * hidden, x_data + order[begin + row] / top_k * hidden,
                   hidden * sizeof(at::BFloat16));
-    const auto activated = amx ? amx_silu_and_mul_linear(gathered, w13[expert], c10::nullopt)
-                               : silu_and_mul(linear(gathered, w13[expert], c10::nullopt));
-    const auto down = linear(activated, w2[expert], c10::nullopt);
+    const auto down = linear(gated_linear(gathered, w13[expert], c10::nullopt), w2[expert], c10::nullopt);
     const auto* down_data = down.data_ptr<at::BFloat16>();
     TORCH_CHECK(down.size(1) == hidden, "packed_fused_moe: w2 must map back to the hidden width ", hidden);
     for (int64_t row = 0; row < rows; ++row) {

@@ -36,6 +36,8 @@ at::Tensor amx_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed
 bool avx512_linear_supported();
 at::Tensor avx512_linear(const at::Tensor& x, const at::Tensor& packed,
                          const c10::optional<at::Tensor>& bias);
+at::Tensor avx512_silu_and_mul_linear(const at::Tensor& x, const at::Tensor& packed,
+                                      const c10::optional<at::Tensor>& bias);
 at::Tensor packed_fused_moe(const at::Tensor& x, const at::Tensor& topk_weights,
                             const at::Tensor& topk_ids, const at::Tensor& w13, const at::Tensor& w2,
                             bool amx);
@@ -70,6 +72,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("avx512_linear_supported", &avx512_linear_supported,
              "Whether avx512_linear runs here (built for AVX512-BF16)");
   module.def("avx512_linear", &avx512_linear, "x W^T + b over an amx_pack_weight weight, AVX-512 BF16 (bf16)");
+  module.def("avx512_silu_and_mul_linear", &avx512_silu_and_mul_linear,
+             "silu_and_mul(x W^T + b) over the amx_pack_weight weight of a merged [gate; up], AVX-512 BF16 (bf16)");
   module.def("apply_token_bitmask", &apply_token_bitmask, "-inf into the float32 logits a grammar bitmask forbids");
   module.def("packed_fused_moe", &packed_fused_moe,
              "fused_moe over stacked amx_pack_weight experts (bf16): amx_linear GEMMs, or avx512_linear's");
