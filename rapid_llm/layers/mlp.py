@@ -2,8 +2,8 @@
 
 The dense MLP of Llama-family layers and the shared experts of MoE layers are this block at different
 widths; checkpoint names `gate_proj`/`up_proj` load into `gate_up_proj` (LLAMA_STACKED_PARAMS).
-Where the gate_up kernel has a gated form (`cpu_amx`), silu_and_mul runs in its epilogue instead of as an op of
-its own (so an `--op-backend silu_and_mul=...` pin does not reach these MLPs then).
+Where the gate_up kernel has a gated form (`cpu_amx`, `cpu_avx512`), silu_and_mul runs in its epilogue instead of
+as an op of its own (so an `--op-backend silu_and_mul=...` pin does not reach these MLPs then).
 With `reduce_results=False` (MoE shared experts) the output is this rank's partial sum and the caller reduces.
 Usage: `GatedMLP(hidden_size, intermediate_size, bias=False)(x [T, H])`.
 """
