@@ -104,7 +104,7 @@ void linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* pac
   const int64_t firsts = gated ? N / 32 : N / kBlock;  // the blocks a task's first block counts in
   const int64_t per_task = gated ? kBlocksPerTask / 2 : kBlocksPerTask;
   const int64_t groups = (firsts + per_task - 1) / per_task;
-  // Equal panels of whole 12-row passes, so that no thread is left with a short last panel.
+  // Equal panels of whole 6-row passes, so that no thread is left with a short last panel.
   const int64_t panels = (M + kPanelRows - 1) / kPanelRows;
   const int64_t panel_rows = ((M + panels - 1) / panels + kMaxRows - 1) / kMaxRows * kMaxRows;
   const auto* x_pairs = reinterpret_cast<const uint32_t*>(x);
