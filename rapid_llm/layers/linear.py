@@ -212,5 +212,5 @@ class RowParallelLinear(LinearBase):
         if not self.reduce_results:
             return partial
         # Bias after the reduce, so it is added once rather than once per rank.
-        output = tp_all_reduce(partial)
+        output = tp_all_reduce(partial) if self.tp_size > 1 else partial  # one rank: skip the group lookups
         return output + self.bias if self.bias is not None else output

@@ -8,6 +8,7 @@ a model with another MLP per layer (MoE) overrides `make_mlp`, one with another 
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Callable
 
 import torch
@@ -54,7 +55,7 @@ class LlamaAttention(nn.Module):
                               layer_sliding_window(config, layer_id))
 
     def forward(self, hidden_states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden_states).split(self.split_sizes, dim=-1)
+        q, k, v = self.qkv_proj(hidden_states).split_with_sizes(self.split_sizes, dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
@@ -125,7 +126,8 @@ class LlamaModel(nn.Module):
             hidden_states, residual = self.embed_tokens(batch.input_ids), None
         else:
             hidden_states, residual = batch.intermediate.unbind(0)
-        for layer in self.layers[self.split.layers.start:self.split.layers.stop]:
+        # islice, not a slice: slicing a ModuleList builds a new ModuleList on every forward.
+        for layer in islice(self.layers, self.split.layers.start, self.split.layers.stop):
             hidden_states, residual = layer(hidden_states, residual, batch)
         if not self.split.is_last:
             return StageSplit.pack(hidden_states, residual)

@@ -27,7 +27,7 @@ import torch
 
 from rapid_llm import ops
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
-from rapid_llm.ops.attention.kv_quant import KVScales, is_fp8_kv, write_kv_cache_fp8
+from rapid_llm.ops.attention.kv_quant import UNIT_KV_SCALES, KVScales, is_fp8_kv, write_kv_cache_fp8
 from rapid_llm.ops.attention.torch_ref import PaddedGroup, attend_padded_group, build_padded_group
 from rapid_llm.ops.cpp.cpu_ops import CPU_OPS
 
@@ -101,7 +101,7 @@ class CpuPagedBackend(AttentionBackend):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuPagedMetadata, scale: float, sliding_window: int | None,
                 kv_scales: KVScales | None = None) -> torch.Tensor:
-        scales = kv_scales or KVScales()
+        scales = kv_scales or UNIT_KV_SCALES
         if is_fp8_kv(kv_cache.dtype):
             write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, scales)
         else:
@@ -109,7 +109,7 @@ class CpuPagedBackend(AttentionBackend):
         limit, tiled_prefill = kernel_query_limit(query, kv_cache), takes_tiled_prefill(query, kv_cache)
         if metadata.kernel_limit != limit or metadata.tiled_prefill != tiled_prefill:
             self._partition(metadata, limit, tiled_prefill)
-        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        output = torch.empty_like(query, memory_format=torch.contiguous_format)
         common = (metadata.query_start_loc, metadata.seq_lens, metadata.block_tables)
         if metadata.kernel_seq_ids is not None:
             CPU_OPS.load().paged_attention(output, query, kv_cache, *common, metadata.kernel_seq_ids, scale,

@@ -40,6 +40,9 @@ class KVScales:
                 raise ValueError(f"KV-cache {name} must be a positive finite number, got {value}")
 
 
+UNIT_KV_SCALES = KVScales()  # an unscaled cache's (frozen: shared rather than built per call)
+
+
 def is_fp8_kv(dtype: torch.dtype) -> bool:
     return dtype == FP8_KV_DTYPE
 

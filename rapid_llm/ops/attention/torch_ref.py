@@ -24,7 +24,8 @@ from rapid_llm.ops.cpu_half import compute_dtype
 from rapid_llm.ops.attention.backend import AttentionBackend, AttentionMetadata, StepLayout, build_common_metadata
 from rapid_llm.ops.attention.context_split import attend_split_at_context, splits_at_context
 from rapid_llm.ops.attention.kv_quant import (
-    KVScales, dequantize_kv, dequantize_kv_nvfp4, is_fp8_kv, is_nvfp4_kv, write_kv_cache_fp8, write_kv_cache_nvfp4,
+    UNIT_KV_SCALES, KVScales, dequantize_kv, dequantize_kv_nvfp4, is_fp8_kv, is_nvfp4_kv, write_kv_cache_fp8,
+    write_kv_cache_nvfp4,
 )
 
 
@@ -128,7 +129,7 @@ def attend_padded_group(output: torch.Tensor, query: torch.Tensor, kv_cache: tor
     history = kv_cache[:, group.block_tables].flatten(2, 3)[:, :, : group.max_kv_len].transpose(2, 3)
     if is_fp8_kv(history.dtype):
         # Dequantized into the query's compute dtype (an fp8 cache stands in for the model dtype).
-        scales = kv_scales or KVScales()
+        scales = kv_scales or UNIT_KV_SCALES
         compute = compute_dtype(history.device, query.dtype)
         keys, values = dequantize_kv(history[0], scales.k_scale, compute), dequantize_kv(history[1], scales.v_scale,
                                                                                           compute)
@@ -183,7 +184,7 @@ class TorchReferenceBackend(AttentionBackend):
         kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
         if is_fp8_kv(kv_cache.dtype):
-            write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, kv_scales or KVScales())
+            write_kv_cache_fp8(key, value, kv_cache, metadata.slot_mapping, kv_scales or UNIT_KV_SCALES)
         elif is_nvfp4_kv(kv_cache.dtype):
             write_kv_cache_nvfp4(key, value, kv_cache, metadata.slot_mapping)
         else:

@@ -61,7 +61,7 @@ def cpu_features() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: `load()`'s cache lookup is on every op's hot path
 class JitExtension:
     name: str
     sources: tuple[str, ...]  # file names in csrc/
