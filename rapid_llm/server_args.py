@@ -191,8 +191,8 @@ class ServerArgs:
     watchdog_timeout: float = field(default=DEFAULT_WATCHDOG_TIMEOUT_S, metadata={"help": "Seconds one engine "
                                     "step may take before /health turns 503 and the log names the stuck "
                                     "process."})
-    enforce_eager: bool = field(default=False, metadata={"help": "Never replay decode steps from CUDA graphs "
-                                "(CUDA only; the CPU always runs eagerly)."})
+    enforce_eager: bool = field(default=False, metadata={"help": "Run decode steps module by module: no CUDA "
+                                "graphs on CUDA, no decode program (one flat loop over the layers' ops) on the CPU."})
     cuda_graph_max_bs: int = field(default=256, metadata={"help": "Largest decode batch captured as a CUDA graph "
                                    "(buckets 1, 2, 4, then every 8 up to it; capped by --max-num-seqs)."})
     enable_torch_compile: bool = field(default=False, metadata={"help": "Compile the model forward of decode "

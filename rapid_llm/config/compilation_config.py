@@ -1,8 +1,9 @@
 """CompilationConfig: how the decode forward is run -- eager, torch.compile'd, and/or replayed from CUDA graphs.
 
-Flags follow vLLM and SGLang: `--enforce-eager` (vLLM) turns CUDA graphs off, `--cuda-graph-max-bs` (SGLang)
-is the largest decode batch captured, `--enable-torch-compile` (SGLang) compiles the model forward with
-inductor for decode steps. CUDA graphs exist on CUDA only; on the CPU they are off whatever the flags say.
+Flags follow vLLM and SGLang: `--enforce-eager` (vLLM) turns CUDA graphs off, and on the CPU their stand-in, the
+decode program (models/llama_decode_program.py); `--cuda-graph-max-bs` (SGLang) is the largest decode batch
+captured, `--enable-torch-compile` (SGLang) compiles the model forward with inductor for decode steps (no decode
+program then). CUDA graphs exist on CUDA only; on the CPU they are off whatever the flags say.
 `two_batch_overlap` (`--enable-two-batch-overlap`) runs big steps as two overlapped micro-batches (MicroBatchConfig).
 """
 

@@ -44,6 +44,7 @@ from rapid_llm.layers.step_rows import StepRows
 from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.model_loader import load_model
+from rapid_llm.models.llama_decode_program import build_decode_program
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
 from rapid_llm.ops.attention.pcp_backend import split_layout
@@ -193,10 +194,14 @@ class ModelRunner:
 
     def _decode_model(self) -> torch.nn.Module:
         """The module decode steps run: the model, or its torch.compile'd wrapper (same weights and buffers)."""
-        if not self.compilation.enable_torch_compile:
+        if self.compilation.enable_torch_compile:
+            logger.info("torch.compile (inductor) on for decode steps: the first steps of each new shape compile")
+            return torch.compile(self.model, dynamic=True)
+        if self.device.type != "cpu" or self.compilation.enforce_eager:
             return self.model
-        logger.info("torch.compile (inductor) on for decode steps: the first steps of each new shape compile")
-        return torch.compile(self.model, dynamic=True)
+        program, reason = build_decode_program(self.model)
+        logger.info("CPU decode program %s: %s", "on" if program is not None else "off", reason)
+        return program or self.model
 
     def _capture_decode_graphs(self, max_num_seqs: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.compilation.enforce_eager:

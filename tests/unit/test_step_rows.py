@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from rapid_llm.config import CacheConfig, DeviceConfig, ModelConfig
+from rapid_llm.config import CacheConfig, CompilationConfig, DeviceConfig, ModelConfig
 from rapid_llm.ipc.messages import GenerateRequest
 from rapid_llm.layers.step_rows import StepRows
 from rapid_llm.sampling import SamplingParams
@@ -81,7 +81,10 @@ class ShiftedLinear(nn.Module):
 @pytest.fixture(scope="module")
 def runner(tiny_checkpoint) -> ModelRunner:
     model = ModelConfig.from_pretrained(str(tiny_checkpoint("LlamaForCausalLM")))
-    runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=256), DeviceConfig("cpu"), max_num_seqs=8)
+    # Eager decode steps: the wrapper below comes after the runner is built, and the CPU decode program (like a
+    # CUDA graph) runs the modules it found at construction.
+    runner = ModelRunner(model, CacheConfig(block_size=4, num_blocks=256), DeviceConfig("cpu"), max_num_seqs=8,
+                         compilation=CompilationConfig(enforce_eager=True))
     runner.step_rows.add_column("shift", shift_of)
     attention = runner.model.model.layers[0].self_attn
     attention.o_proj = ShiftedLinear(attention.o_proj, runner.step_rows)
