@@ -7,6 +7,7 @@
 // one pass with no fp32 result tensor. `amx_silu_and_mul_linear` is the same pass over a merged [gate; up]
 // weight whose epilogue pairs gate block b with up block b + N/32 and writes silu(gate) * up, rounded where the
 // unfused linear and silu_and_mul round (bit-identical to them), so the MLP's widest output is never stored.
+// On tiles, each unit's rounding runs inside the next unit's K loop (UnitStore), beside the tile products.
 // Built only where the compiler targets AMX-BF16 and AVX512-BF16 (-march=native on such a CPU); elsewhere
 // `amx_linear_supported()` is false and the kernel is skipped.
 #include <ATen/Parallel.h>
@@ -47,6 +48,9 @@ void configure_tiles(int input_rows) {
     config.rows[tile] = kRowsPerTile;
     config.bytes_per_row[tile] = 64;
   }
+  // GCC may sink the stores above past the intrinsic (it did once this file's callers were inlined differently);
+  // ldtilecfg then reads a zero row width and faults.
+  asm volatile("" ::: "memory");
   _tile_loadconfig(&config);
 }
 
@@ -127,18 +131,48 @@ void one_row_linear(const at::BFloat16* x, int64_t K, const at::BFloat16* packed
   });
 }
 
+// A finished unit's epilogue: its fp32 sums rounded (plus bias, or silu(gate) * up for a gated task) into `out`,
+// rows at a time. The next unit's K loop calls it between its tile products, so the vector units round while the
+// AMX unit computes instead of the two taking turns.
+struct UnitStore {
+  const float* sums = nullptr;  // [32][32], row stride 32; nullptr: nothing pending
+  int rows = 0, done = 0;
+  const float* bias = nullptr;
+  int64_t task = 0, N = 0;
+  bool gated = false;
+  at::BFloat16* out = nullptr;  // the unit's first row; row stride N (plain) or N / 2 (gated)
+
+  void store_until(int row_end) {
+    const int end = std::min(row_end, rows);
+    if (sums == nullptr || end <= done) return;
+    const float* first = sums + done * 32;
+    if (gated) {
+      store_gated_rows(first, first + kOutputsPerBlock, 32, end - done, bias, task * kOutputsPerBlock, N / 2,
+                       out + done * (N / 2), N / 2);
+    } else {
+      for (int side = 0; side < 2; ++side)
+        store_rows(first + side * kOutputsPerBlock, 32, end - done, bias, (2 * task + side) * kOutputsPerBlock,
+                   out + done * N, N);
+    }
+    done = end;
+  }
+};
+
 // Sums for `rows` (<= 16 with one input tile, else 32 with two) x 32 outputs, output blocks `left` and `right`
 // side by side, over all of K; rows are contiguous with stride K, the sums land in sums[32][32] (row stride 32).
+// `previous` is stored meanwhile (all of it by the end).
 template <bool TWO_INPUT_TILES>
 void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, int64_t left, int64_t right,
-                float* sums) {
+                float* sums, UnitStore& previous) {
   _tile_zero(0);
   _tile_zero(1);
   if (TWO_INPUT_TILES) {
     _tile_zero(2);
     _tile_zero(3);
   }
-  for (int64_t k = 0; k < K; k += kInputsPerStep) {
+  const int64_t steps = K / kInputsPerStep;
+  const int rows_per_step = static_cast<int>((previous.rows + steps - 1) / steps);
+  for (int64_t step = 0, k = 0; k < K; ++step, k += kInputsPerStep) {
     _tile_loadd(4, x + k, K * 2);
     _tile_loadd(6, pair_row(packed, K, left, k / 2), 64);
     _tile_loadd(7, pair_row(packed, K, right, k / 2), 64);
@@ -149,7 +183,9 @@ void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, in
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
+    previous.store_until(static_cast<int>(step + 1) * rows_per_step);
   }
+  previous.store_until(previous.rows);
   constexpr int64_t stride = 2 * kOutputsPerBlock * 4;  // bytes per sums row
   _tile_stored(0, sums, stride);
   _tile_stored(1, sums + kOutputsPerBlock, stride);
@@ -159,30 +195,46 @@ void tile_block(const at::BFloat16* x, int64_t K, const at::BFloat16* packed, in
   }
 }
 
-// Task `task` of a call over N / 32 tasks: plain, output blocks 2 task and 2 task + 1; gated, gate block `task`
-// and its up block task + N / 32. Computes `rows` rows from x and stores them at out (row stride: the outputs).
+// Units of one thread, each `rows` rows of x against task `task` (plain: output blocks 2 task and 2 task + 1;
+// gated: gate block `task` and its up block task + N / 32), stored at out (row stride: the outputs); each unit's
+// epilogue runs during the next one's products (UnitStore), the last one's at the end.
 template <bool TWO_INPUT_TILES>
-void tile_task(const at::BFloat16* x, int64_t rows, int64_t K, const at::BFloat16* packed, int64_t N,
-               const float* bias, int64_t task, bool gated, at::BFloat16* out) {
-  alignas(64) float sums[32 * 32];
-  const int64_t tasks = N / 32;
-  tile_block<TWO_INPUT_TILES>(x, K, packed, gated ? task : 2 * task, gated ? task + tasks : 2 * task + 1, sums);
-  if (gated) {
-    store_gated_rows(sums, sums + kOutputsPerBlock, 32, static_cast<int>(rows), bias, task * kOutputsPerBlock, N / 2,
-                     out, N / 2);
-    return;
+class UnitPipeline {
+ public:
+  UnitPipeline(int64_t K, const at::BFloat16* packed, int64_t N, const float* bias, bool gated)
+      : K_(K), packed_(packed), N_(N), bias_(bias), gated_(gated) {}
+
+  void run(const at::BFloat16* x, int64_t rows, int64_t task, at::BFloat16* out) {
+    const int64_t tasks = N_ / 32;
+    float* sums = sums_[next_buffer_];
+    tile_block<TWO_INPUT_TILES>(x, K_, packed_, gated_ ? task : 2 * task, gated_ ? task + tasks : 2 * task + 1,
+                                sums, pending_);
+    pending_ = UnitStore{sums, static_cast<int>(rows), 0, bias_, task, N_, gated_, out};
+    next_buffer_ ^= 1;
   }
-  for (int side = 0; side < 2; ++side)
-    store_rows(sums + side * kOutputsPerBlock, 32, static_cast<int>(rows), bias, (2 * task + side) * kOutputsPerBlock,
-               out, N);
-}
+
+  ~UnitPipeline() { pending_.store_until(pending_.rows); }
+
+ private:
+  int64_t K_;
+  const at::BFloat16* packed_;
+  int64_t N_;
+  const float* bias_;
+  bool gated_;
+  alignas(64) float sums_[2][32 * 32];
+  int next_buffer_ = 0;
+  UnitStore pending_;
+};
 
 // Up to 16 rows: one input tile of exactly those rows, tasks over pairs of output blocks.
 void few_rows_linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, int64_t N,
                      const float* bias, at::BFloat16* out, bool gated) {
   at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
     configure_tiles(static_cast<int>(M));
-    for (int64_t task = begin; task < end; ++task) tile_task<false>(x, M, K, packed, N, bias, task, gated, out);
+    {
+      UnitPipeline<false> units(K, packed, N, bias, gated);
+      for (int64_t task = begin; task < end; ++task) units.run(x, M, task, out);
+    }
     _tile_release();
   });
 }
@@ -199,10 +251,13 @@ void many_rows_linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFl
     const int64_t panel_end = std::min(M, panel + kPanelRows);
     at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
       configure_tiles(kRowsPerTile);
-      for (int64_t task = begin; task < end; ++task)
-        for (int64_t row = panel; row < panel_end; row += 32)
-          tile_task<true>(row >= full_rows ? tail.data() : x + row * K, std::min<int64_t>(32, M - row), K, packed, N,
-                          bias, task, gated, out + row * out_stride);
+      {
+        UnitPipeline<true> units(K, packed, N, bias, gated);
+        for (int64_t task = begin; task < end; ++task)
+          for (int64_t row = panel; row < panel_end; row += 32)
+            units.run(row >= full_rows ? tail.data() : x + row * K, std::min<int64_t>(32, M - row), task,
+                      out + row * out_stride);
+      }
       _tile_release();
     });
   }
