@@ -25,10 +25,14 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, reduce_results=reduce_results)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def activated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x), the down projection's input."""
         gate_up = self.gate_up_proj
         # The activation inside the GEMM where the kernel has that form; a wrapper (LoRA adds to gate_up's
         # output before the activation) makes the type differ and takes the two calls.
         if type(gate_up) is MergedColumnParallelLinear and gate_up.kernel.fuses_silu_and_mul(gate_up.weight):
-            return self.down_proj(gate_up.kernel.silu_and_mul_linear(x, gate_up.weight, gate_up.bias))
-        return self.down_proj(self.act_fn(gate_up(x)))
+            return gate_up.kernel.silu_and_mul_linear(x, gate_up.weight, gate_up.bias)
+        return self.act_fn(gate_up(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.activated(x))

@@ -54,11 +54,16 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(local_heads, local_kv_heads, head_dim, head_dim**-0.5,
                               layer_sliding_window(config, layer_id))
 
-    def forward(self, hidden_states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden_states).split_with_sizes(self.split_sizes, dim=-1)
+    def head_normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k through their per-head norms (Qwen3's), or as they are without them."""
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        return q, k
+
+    def forward(self, hidden_states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden_states).split_with_sizes(self.split_sizes, dim=-1)
+        q, k = self.head_normed(q, k)
         rope = self.rotary_emb
         cos, sin = batch.once(rope, lambda: rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype))
         q, k = rope.rotate(q, k, cos, sin)

@@ -3,13 +3,14 @@
 CUDA graphs take the per-op launch cost off a GPU's decode step; on a CPU that cost is Python. A batch-1 decode
 step of llama-10m (8 layers, one thread) spent 0.7 ms in its kernels and 0.9 ms around them: module calls,
 parameter lookups through `nn.Module.__getattr__`, the wrappers between a layer and its kernel.
-`LlamaDecodeProgram` runs the step as one loop that calls each layer's linear kernels, norm and rotary ops and
-attention directly, in `LlamaDecoderLayer.forward`'s order with the same ops and arguments, so its outputs are
-bit-identical to the eager forward's (tests/models/test_llama_decode_program.py). Like a CUDA graph it runs the
-modules it found when built (a module swapped in later is not seen); weights are read from them at every step. `build_decode_program` takes only models it mirrors exactly: every layer the Llama block
-(LlamaAttention with unwrapped linears, plain RMSNorms; any MLP module, inlined when it is a plain `GatedMLP`),
-one rotary table, one cache group, one pipeline stage, no forward hooks; otherwise it says why, and decode
-steps run eagerly. The worker builds it on the CPU unless `--enforce-eager` or `--enable-torch-compile`.
+`LlamaDecodeProgram` runs the step as one loop that calls each layer's norms, linears, rotary and attention
+through their own `forward` (skipping nn.Module's call machinery and the module-to-module hops), in
+`LlamaDecoderLayer.forward`'s order, so its outputs are bit-identical to the eager forward's
+(tests/models/test_llama_decode_program.py). Like a CUDA graph it runs the modules it found when built (a module
+swapped in later is not seen). `build_decode_program` takes only models it mirrors exactly: every layer the
+Llama block (LlamaAttention with unwrapped linears, plain RMSNorms; any MLP module, inlined when it is a plain
+`GatedMLP`), one rotary table, one cache group, one pipeline stage, no forward hooks; otherwise it says why, and
+decode steps run eagerly. The worker builds it on the CPU unless `--enforce-eager` or `--enable-torch-compile`.
 Usage: `program, reason = build_decode_program(model)`; `program(forward_batch)` returns the final hidden states.
 """
 
@@ -22,11 +23,10 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from rapid_llm import ops
 from rapid_llm.layers.attention import Attention
 from rapid_llm.layers.forward_batch import ForwardBatch
 from rapid_llm.layers.layernorm import RMSNorm
-from rapid_llm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from rapid_llm.layers.linear import QKVParallelLinear, RowParallelLinear
 from rapid_llm.layers.mlp import GatedMLP
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
@@ -46,12 +46,12 @@ class _LayerCalls:
     attn: Attention
     o_proj: RowParallelLinear
     mlp: nn.Module
-    gate_up: MergedColumnParallelLinear | None  # None: the MLP is not a plain GatedMLP and is called as a module
-    down: RowParallelLinear | None
+    down: RowParallelLinear | None  # a plain GatedMLP's down projection; None: the MLP is called as a module
 
 
 class LlamaDecodeProgram:
-    """The forward of a `LlamaModel` without per-module dispatch (see the module doc)."""
+    """The forward of a `LlamaModel` without per-module dispatch (see the module doc): each module's own `forward`,
+    called directly, minus the nn.Module call machinery and the lookups between the layers and their kernels."""
 
     def __init__(self, stack: LlamaModel, layers: list[LlamaDecoderLayer], rope: RotaryEmbedding) -> None:
         self.stack = stack
@@ -65,51 +65,28 @@ class LlamaDecodeProgram:
         residual: torch.Tensor | None = None
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         for layer in self.layers:
-            norm = layer.input_norm
             if residual is None:
-                residual, normed = hidden, ops.rms_norm(hidden, norm.weight, norm.eps)
+                residual, normed = hidden, layer.input_norm.forward(hidden)
             else:
-                normed, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-            attention, qkv = layer.attention, layer.qkv
-            q, k, v = qkv.kernel(normed, qkv.weight, qkv.bias).split_with_sizes(attention.split_sizes, dim=-1)
-            if attention.q_norm is not None and attention.k_norm is not None:
-                q = _head_norm(attention.q_norm, q, attention.head_dim)
-                k = _head_norm(attention.k_norm, k, attention.head_dim)
+                normed, residual = layer.input_norm.forward(hidden, residual)
+            attention = layer.attention
+            q, k, v = layer.qkv.forward(normed).split_with_sizes(attention.split_sizes, dim=-1)
+            q, k = attention.head_normed(q, k)
             if cos_sin is None:
                 cos_sin = rope.cos_sin(batch.positions, batch.token_seq_lens, q.dtype)
             q, k = rope.rotate(q, k, *cos_sin)
-            o_proj = layer.o_proj
-            hidden = o_proj.combine(o_proj.kernel(layer.attn.forward(q, k, v, metadata), o_proj.weight))
-            norm = layer.post_norm
-            normed, residual = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
-            hidden = layer.mlp(normed) if layer.gate_up is None else _gated_mlp(layer, normed)
-        norm = self.stack.norm
-        hidden, _ = ops.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps)
+            hidden = layer.o_proj.forward(layer.attn.forward(q, k, v, metadata))
+            normed, residual = layer.post_norm.forward(hidden, residual)
+            hidden = layer.mlp(normed) if layer.down is None else layer.down.forward(layer.mlp.activated(normed))
+        hidden, _ = self.stack.norm.forward(hidden, residual)
         return hidden
-
-
-def _head_norm(norm: RMSNorm, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Qwen3's per-head q/k norm, as LlamaAttention.forward applies it."""
-    return ops.rms_norm(x.reshape(-1, head_dim), norm.weight, norm.eps).view(x.shape)
-
-
-def _gated_mlp(layer: _LayerCalls, x: torch.Tensor) -> torch.Tensor:
-    """GatedMLP.forward on an unwrapped gate_up and down."""
-    gate_up, down = layer.gate_up, layer.down
-    if gate_up.kernel.fuses_silu_and_mul(gate_up.weight):
-        activated = gate_up.kernel.silu_and_mul_linear(x, gate_up.weight, gate_up.bias)
-    else:
-        activated = layer.mlp.act_fn(gate_up.kernel(x, gate_up.weight, gate_up.bias))
-    return down.combine(down.kernel(activated, down.weight))
 
 
 def _resolve(layer: LlamaDecoderLayer) -> _LayerCalls:
     attention, mlp = layer.self_attn, layer.mlp
-    plain_mlp = (type(mlp).forward is GatedMLP.forward and type(mlp.gate_up_proj) is MergedColumnParallelLinear
-                 and type(mlp.down_proj) is RowParallelLinear)
+    plain_mlp = type(mlp).forward is GatedMLP.forward and type(mlp.down_proj) is RowParallelLinear
     return _LayerCalls(layer.input_layernorm, layer.post_attention_layernorm, attention, attention.qkv_proj,
-                       attention.attn, attention.o_proj, mlp, mlp.gate_up_proj if plain_mlp else None,
-                       mlp.down_proj if plain_mlp else None)
+                       attention.attn, attention.o_proj, mlp, mlp.down_proj if plain_mlp else None)
 
 
 def _layer_mismatch(layer: nn.Module) -> str | None:

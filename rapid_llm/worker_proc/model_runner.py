@@ -44,7 +44,7 @@ from rapid_llm.layers.step_rows import StepRows
 from rapid_llm.layers.sampler import Sampler, SamplerOutput
 from rapid_llm.lora.adapter_slots import AdapterSlots
 from rapid_llm.model_loader import load_model
-from rapid_llm.models.llama_decode_program import build_decode_program
+from rapid_llm.models.llama_decode_program import LlamaDecodeProgram, build_decode_program
 from rapid_llm.ops.attention import StepLayout
 from rapid_llm.ops.attention.backend import build_common_metadata
 from rapid_llm.ops.attention.pcp_backend import split_layout
@@ -192,8 +192,9 @@ class ModelRunner:
         """KV-cache tokens the scheduler may use (the padding block excluded)."""
         return self.num_blocks * self.cache_config.block_size
 
-    def _decode_model(self) -> torch.nn.Module:
-        """The module decode steps run: the model, or its torch.compile'd wrapper (same weights and buffers)."""
+    def _decode_model(self) -> torch.nn.Module | LlamaDecodeProgram:
+        """What decode steps run: the model, its torch.compile'd wrapper or, on the CPU, its decode program (all on
+        the same weights and buffers)."""
         if self.compilation.enable_torch_compile:
             logger.info("torch.compile (inductor) on for decode steps: the first steps of each new shape compile")
             return torch.compile(self.model, dynamic=True)
