@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from rapid_llm.config.node_layout import plan_channel, result_channel, store_init_method
 from rapid_llm.entrypoints.node_link import NodeLink
+from rapid_llm.entrypoints.openmp_spin import openmp_spin_environment
 from rapid_llm.ipc.sockets import IpcPaths
 from rapid_llm.utils.process import run_child
 
@@ -116,8 +117,9 @@ class EngineProcesses:
     def start(self) -> None:
         """Start every child; they load in parallel with whatever the caller does next."""
         self._started_at = time.perf_counter()
-        for process in self.processes.values():
-            process.start()
+        with openmp_spin_environment(self.config.device.type):
+            for process in self.processes.values():
+                process.start()
 
     def start_while(self, prepare: Callable[[], T]) -> T:
         """Start the children, run `prepare` (e.g. load the tokenizer) while they load, wait until they
