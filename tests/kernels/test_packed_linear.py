@@ -51,6 +51,25 @@ def test_matches_the_exact_product_within_one_bf16_rounding(kernel: PackedLinear
     assert (got.float() - oneDNN.float()).abs().max() <= (oneDNN.float().abs().max() * 2**-7).item()
 
 
+@pytest.mark.parametrize("rows", [1, 6, 96, 97, 200])
+def test_one_thread_and_two_give_the_same_sums(kernel: PackedLinear, rows: int) -> None:
+    """Calls of up to one panel of rows hand their output groups to threads as they free up, longer ones split
+    them in fixed shares: either way each output's sums are the same whichever thread computes it."""
+    x, weight, b = _case(rows, 256, 1024, True)
+    packed = kernel.prepare(weight)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append((kernel(x, packed, b), kernel.silu_and_mul_linear(x, packed, b)))
+    finally:
+        torch.set_num_threads(threads)
+    (plain_alone, gated_alone), (plain_shared, gated_shared) = results
+    assert torch.equal(plain_alone, plain_shared) and torch.equal(gated_alone, gated_shared)
+    torch.testing.assert_close(plain_alone.double(), _bf16_rounding_of_exact(x, weight, b), rtol=2**-8, atol=1e-4)
+
+
 def test_leading_dimensions_are_kept(kernel: PackedLinear) -> None:
     x, weight, _ = _case(6, 64, 64, False)
     got = kernel(x.view(2, 3, 64), kernel.prepare(weight))

@@ -5,7 +5,9 @@
 // rows), loads each weight row once per pass of rows and rounds the fp32 sums to bf16 (plus bias) once.
 // Tasks are (group of 4 output blocks, equal panel of rows) in group-major order: the group's weights
 // (K x 128 bytes) stay in L2 while the panel's rows pass, each thread's range of tasks covers its own outputs
-// over every row, and a one-row call (decode) streams every weight exactly once across the threads.
+// over every row. A call of one panel (decode) streams every weight exactly once across the threads, each
+// thread claiming the next group as it frees up, so a thread the serving processes preempt holds back one group
+// rather than its whole share.
 // `avx512_silu_and_mul_linear` is the same over a merged [gate; up] weight with tasks of 2 gate blocks and their
 // up blocks (b + N/32), writing silu(gate) * up (gated_epilogue.h; bit-identical to the two calls). Built
 // only where the compiler targets AVX512-BF16 (-march=native on such a CPU); elsewhere
@@ -109,20 +111,25 @@ void linear(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* pac
   const int64_t panel_rows = ((M + panels - 1) / panels + kMaxRows - 1) / kMaxRows * kMaxRows;
   const auto* x_pairs = reinterpret_cast<const uint32_t*>(x);
   const auto* weights = reinterpret_cast<const uint32_t*>(packed);
+  const auto run_task = [&](int64_t task) {
+    const int64_t first = task / panels * per_task, panel = task % panels;
+    const bool full = std::min(per_task, firsts - first) == per_task;
+    const int64_t panel_end = std::min(M, (panel + 1) * panel_rows);
+    for (int64_t row = panel * panel_rows; row < panel_end;) {
+      const int64_t rows = std::min<int64_t>(panel_end - row, kMaxRows);
+      // the packer makes an even number of blocks, so a last plain group may have 2 (a gated one: 1 gate block)
+      (full ? four_blocks : two_blocks)[rows - 1](x_pairs + row * pairs, pairs, weights, first, bias,
+                                                   out + row * out_stride, N);
+      row += rows;
+    }
+  };
+  if (panels == 1) {  // each group's weights are read once whichever thread takes it: hand them out as asked
+    packed_weight::for_each_task_claimed(groups, run_task);
+    return;
+  }
   // Tasks in group-major order: the threads' contiguous task ranges split the outputs, each over every row.
   at::parallel_for(0, groups * panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t first = task / panels * per_task, panel = task % panels;
-      const bool full = std::min(per_task, firsts - first) == per_task;
-      const int64_t panel_end = std::min(M, (panel + 1) * panel_rows);
-      for (int64_t row = panel * panel_rows; row < panel_end;) {
-        const int64_t rows = std::min<int64_t>(panel_end - row, kMaxRows);
-        // the packer makes an even number of blocks, so a last plain group may have 2 (a gated one: 1 gate block)
-        (full ? four_blocks : two_blocks)[rows - 1](x_pairs + row * pairs, pairs, weights, first, bias,
-                                                     out + row * out_stride, N);
-        row += rows;
-      }
-    }
+    for (int64_t task = begin; task < end; ++task) run_task(task);
   });
 }
 
