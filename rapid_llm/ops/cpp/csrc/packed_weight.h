@@ -1,11 +1,12 @@
 // What the linear kernels over amx_pack_weight's layout ([N/16][K/2][16][2] bf16) share: its block sizes, the
-// argument checks of a call, the bias widened to fp32 and a loop of claimed tasks (amx_linear.cpp,
-// avx512_linear.cpp).
+// argument checks of a call and the bias widened to fp32 (amx_linear.cpp, avx512_linear.cpp), and the loop of
+// claimed tasks avx512_linear.cpp's decode calls run.
 #pragma once
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <atomic>
 
 namespace packed_weight {
@@ -34,11 +35,11 @@ inline void check_packed(const char* op, const at::Tensor& packed) {
 
 // fn(task) for every task in [0, num_tasks), each thread claiming the next unclaimed task when it is free
 // instead of a fixed share: a thread the OS preempts (the serving processes share these cores) holds back only
-// the task it has, while the others take the rest of its share.
+// the task it has, while the others take the rest of its share. One task runs inline, with no thread woken.
 template <typename Fn>
 void for_each_task_claimed(int64_t num_tasks, const Fn& fn) {
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  at::parallel_for(0, std::min<int64_t>(num_tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     for (int64_t task = next.fetch_add(1, std::memory_order_relaxed); task < num_tasks;
          task = next.fetch_add(1, std::memory_order_relaxed))
       fn(task);
