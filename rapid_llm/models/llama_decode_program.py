@@ -30,13 +30,14 @@ from rapid_llm.layers.linear import QKVParallelLinear, RowParallelLinear
 from rapid_llm.layers.mlp import GatedMLP
 from rapid_llm.layers.rotary_embedding import RotaryEmbedding
 from rapid_llm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from rapid_llm.models.llama_decode_native import NativeDecodeLayers, build_native_layers
 
 
 HOOKS_REASON = "forward hooks are registered (e.g. a proposer reading intermediate hidden states)"
 
 
 @dataclass(frozen=True, slots=True)
-class _LayerCalls:
+class LayerCalls:
     """One decoder layer's modules, resolved once."""
 
     input_norm: RMSNorm
@@ -53,14 +54,21 @@ class LlamaDecodeProgram:
     """The forward of a `LlamaModel` without per-module dispatch (see the module doc): each module's own `forward`,
     called directly, minus the nn.Module call machinery and the lookups between the layers and their kernels."""
 
-    def __init__(self, stack: LlamaModel, layers: list[LlamaDecoderLayer], rope: RotaryEmbedding) -> None:
+    def __init__(self, stack: LlamaModel, layers: list[LlamaDecoderLayer], rope: RotaryEmbedding,
+                 native: bool = True) -> None:
         self.stack = stack
         self.layers = tuple(_resolve(layer) for layer in layers)
         self.rope = rope
+        self.native: NativeDecodeLayers | None = None
+        self.native_reason = "layers in Python: the C++ loop is off"
+        if native:
+            self.native, self.native_reason = build_native_layers(stack, self.layers, rope)
 
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.stack.embed_tokens(batch.input_ids)
         metadata = batch.metadata_for(self.layers[0].attn)
+        if self.native is not None:
+            return self.native(hidden, batch, metadata)
         rope = self.rope
         residual: torch.Tensor | None = None
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -82,11 +90,11 @@ class LlamaDecodeProgram:
         return hidden
 
 
-def _resolve(layer: LlamaDecoderLayer) -> _LayerCalls:
+def _resolve(layer: LlamaDecoderLayer) -> LayerCalls:
     attention, mlp = layer.self_attn, layer.mlp
     plain_mlp = type(mlp).forward is GatedMLP.forward and type(mlp.down_proj) is RowParallelLinear
-    return _LayerCalls(layer.input_layernorm, layer.post_attention_layernorm, attention, attention.qkv_proj,
-                       attention.attn, attention.o_proj, mlp, mlp.down_proj if plain_mlp else None)
+    return LayerCalls(layer.input_layernorm, layer.post_attention_layernorm, attention, attention.qkv_proj,
+                      attention.attn, attention.o_proj, mlp, mlp.down_proj if plain_mlp else None)
 
 
 def _layer_mismatch(layer: nn.Module) -> str | None:
@@ -112,8 +120,9 @@ def _has_hooks(model: nn.Module) -> bool:
     return any(global_hooks) or any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def build_decode_program(model: nn.Module) -> tuple[LlamaDecodeProgram | None, str]:
-    """The model's decode program, or None and why it cannot have one."""
+def build_decode_program(model: nn.Module, native: bool = True) -> tuple[LlamaDecodeProgram | None, str]:
+    """The model's decode program, or None and why it cannot have one; `native=False` keeps its layer loop in
+    Python even where the C++ loop (llama_decode_native.py) mirrors the model."""
     stack = getattr(model, "model", None)
     if type(stack) is not LlamaModel or type(model).forward is not LlamaForCausalLM.forward:
         return None, f"{type(model).__name__} is not a Llama-block model"
@@ -134,4 +143,5 @@ def build_decode_program(model: nn.Module) -> tuple[LlamaDecodeProgram | None, s
         return None, "the layers read more than one cache group (e.g. sliding-window and full attention)"
     if _has_hooks(model):
         return None, HOOKS_REASON
-    return LlamaDecodeProgram(stack, layers, rope), f"{len(layers)} Llama layers"
+    program = LlamaDecodeProgram(stack, layers, rope, native)
+    return program, f"{len(layers)} Llama layers, {program.native_reason}"

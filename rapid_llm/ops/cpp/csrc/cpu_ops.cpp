@@ -1,6 +1,6 @@
 // The Python module of the CPU op extension: binds the kernels of paged_attention.cpp, prefill_attention.cpp,
 // fused_elementwise.cpp, kv_cache_store.cpp, amx_linear.cpp, avx512_linear.cpp, amx_moe.cpp, token_bitmask.cpp,
-// state_decode.cpp and lora.cpp (one module, so one build and one load serve every CPU op).
+// state_decode.cpp, lora.cpp and decode_layers.cpp (one module, so one build and one load serve every CPU op).
 // Only this file includes Python binding headers, and only torch's pybind11 glue (the at::Tensor caster), not
 // <torch/extension.h>: that header pulls in the whole C++ frontend (torch::nn, autograd, optimisers), ~20 s
 // of compile per file. The kernel files include just the ATen headers they use for the same reason.
@@ -50,6 +50,12 @@ at::Tensor gated_delta_rule_decode(const at::Tensor& query, const at::Tensor& ke
 void lora(const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& lora_b, const at::Tensor& slot_starts,
           const at::Tensor& sorted_tokens, at::Tensor out);
 std::string lora_kernel();
+at::Tensor llama_decode_layers(const at::Tensor& hidden, const std::vector<c10::optional<at::Tensor>>& layer_tensors,
+                               const at::Tensor& final_norm, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
+                               const at::Tensor& seq_lens, const at::Tensor& block_tables, const at::Tensor& seq_ids,
+                               const std::vector<double>& eps, const std::vector<int64_t>& heads, bool is_neox_style,
+                               double scale, int64_t sliding_window, bool amx);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("paged_attention", &paged_attention, "Causal attention over the paged KV cache (CPU)");
@@ -81,5 +87,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("gated_delta_rule_decode", &gated_delta_rule_decode,
              "One gated delta rule step per sequence, its state row in place");
   module.def("lora", &lora, "Each grouped token's LoRA delta (x A^T) B^T added into its row of out");
+  module.def("llama_decode_layers", &llama_decode_layers,
+             "A decode step's Llama layers and final norm in one call (packed bf16 linears, paged attention)");
   module.def("lora_kernel", &lora_kernel, "Which lora code this build has: avx512_bf16, avx512 or scalar");
 }
