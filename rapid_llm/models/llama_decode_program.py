@@ -1,8 +1,7 @@
 """Decode steps of a Llama-block model as one flat loop over its layers' ops (the CPU's stand-in for CUDA graphs).
 
-CUDA graphs take the per-op launch cost off a GPU's decode step; on a CPU that cost is Python. A batch-1 decode
-step of llama-10m (8 layers, one thread) spent 0.7 ms in its kernels and 0.9 ms around them: module calls,
-parameter lookups through `nn.Module.__getattr__`, the wrappers between a layer and its kernel.
+CUDA graphs take the per-op launch cost off a GPU's decode step; on a CPU that cost is Python (a llama-10m batch-1
+step, one thread: 0.7 ms in its kernels, 0.9 ms in module calls, parameter lookups and wrappers around them).
 `LlamaDecodeProgram` runs the step as one loop that calls each layer's norms, linears, rotary and attention
 through their own `forward` (skipping nn.Module's call machinery and the module-to-module hops), in
 `LlamaDecoderLayer.forward`'s order, so its outputs are bit-identical to the eager forward's
@@ -10,7 +9,8 @@ through their own `forward` (skipping nn.Module's call machinery and the module-
 swapped in later is not seen). `build_decode_program` takes only models it mirrors exactly: every layer the
 Llama block (LlamaAttention with unwrapped linears, plain RMSNorms; any MLP module, inlined when it is a plain
 `GatedMLP`), one rotary table, one cache group, one pipeline stage, no forward hooks; otherwise it says why, and
-decode steps run eagerly. The worker builds it on the CPU unless `--enforce-eager` or `--enable-torch-compile`.
+decode steps run eagerly. Where every op is the CPU extension's, the loop runs as one C++ call instead
+(llama_decode_native.py). The worker builds it on the CPU unless `--enforce-eager` or `--enable-torch-compile`.
 Usage: `program, reason = build_decode_program(model)`; `program(forward_batch)` returns the final hidden states.
 """
 
