@@ -58,14 +58,14 @@ class NativeDecodeLayers:
             self.sliding_window, self.amx)
 
 
+class _Mismatch(Exception):
+    """Why the C++ loop cannot mirror the model (caught in build_native_layers)."""
+
+
 def _only(values: set[Any], what: str) -> Any:
     if len(values) != 1:
         raise _Mismatch(f"the layers differ in {what}")
     return next(iter(values))
-
-
-class _Mismatch(Exception):
-    """Why the C++ loop cannot mirror the model (caught in build_native_layers)."""
 
 
 def _layer_tensors(calls: LayerCalls, kernel: Any) -> list[torch.Tensor | None]:

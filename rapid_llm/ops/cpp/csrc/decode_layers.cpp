@@ -4,7 +4,7 @@
 // the same tensors, so the result is bit-identical; what goes is the Python between them (~70 µs a layer on a
 // 2-core EPYC: module lookups, the op registry's dispatch, pybind's argument conversion), during which the
 // second OpenMP thread spins or sleeps. The caller (models/llama_decode_native.py) checks that every module of
-// the model is one this loop mirrors and that every sequence is a decode the paged kernel computes.
+// the model is one this loop mirrors; the decode program calls it for decode steps only (one new token a sequence).
 #include <ATen/ATen.h>
 
 #include <optional>
